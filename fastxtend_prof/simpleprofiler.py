@@ -7,10 +7,10 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/simpleprofiler.html.md"""
 # %% auto #0
 __all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback']
 
-# %% ../nbs/03_simpleprofiler.ipynb #bdcac457
+# %% ../nbs/03_simpleprofiler.ipynb #0156efb5
 import os
 from pathlib import Path
-from fastcore.basics import store_attr, patch
+from fastcore.basics import store_attr, patch, noop
 from fastai.learner import Learner, Recorder as FastaiRecorder
 from fastai.callback.core import Callback, TrainEvalCallback
 from fastai.torch_core import find_bs
@@ -19,7 +19,7 @@ from . import events
 from .recorder import *
 from .report import *
 
-# %% ../nbs/03_simpleprofiler.ipynb #ada067e9
+# %% ../nbs/03_simpleprofiler.ipynb #cd094d65
 def _check_bool(name, v):
     if not isinstance(v, bool): raise ValueError(f'`{name}` must be True or False, got {v!r}')
 
@@ -32,10 +32,11 @@ def _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callbac
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f'`warmup` must be an integer >= 0 (leading batches per epoch left out of the statistics), got {warmup!r}')
 
-# %% ../nbs/03_simpleprofiler.ipynb #f1017380
+# %% ../nbs/03_simpleprofiler.ipynb #d625f7d5
 class SimpleProfilerCallback(Callback):
     "Profiles a fit with `SimpleProfilerPostCallback`; `show_report`, `save_csv` to `csv_name` after fit"
     order,remove_on_fetch = -1000,True
+    _draw = _start_batch = _mark = _cancel = staticmethod(noop)  # bound to the recorder while a fit is recorded
     def __init__(self,
         show_report:bool=True, # Display the formatted report after fit
         plain:bool=False, # In a notebook, display the report as plain text instead of a styled table
@@ -75,10 +76,11 @@ class SimpleProfilerCallback(Callback):
     def after_cancel_epoch(self): self._cancel()
     def after_cancel_fit(self): self._cancel()
 
-# %% ../nbs/03_simpleprofiler.ipynb #202142bc
+# %% ../nbs/03_simpleprofiler.ipynb #9eb9be9d
 class SimpleProfilerPostCallback(Callback):
     "Pair with `SimpleProfilerCallback` to profile a fit; counts samples for `samples_per_second`"
     order,remove_on_fetch = FastaiRecorder.order-1,True
+    _mark = _end_batch = staticmethod(noop)
     def __init__(self,
         samples_per_second:bool=True, # Count samples per batch to report samples/second
     ):
@@ -104,7 +106,7 @@ class SimpleProfilerPostCallback(Callback):
     def after_epoch(self): self._rec.stop(Step.EPOCH)
     def after_fit(self): self._rec.stop(Step.FIT)
 
-# %% ../nbs/03_simpleprofiler.ipynb #a94c4b20
+# %% ../nbs/03_simpleprofiler.ipynb #bd1c2f12
 @patch
 def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     "Build the results of the fit just ended (with `exc` if it raised), remove the pair, show and save the report"
@@ -122,7 +124,7 @@ def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     if self.show_report: show_report(learn.simple_profile_report, self.plain, self.markdown, title=title)
     if self.save_csv: save_results(results, Path(learn.path)/self.csv_name)
 
-# %% ../nbs/03_simpleprofiler.ipynb #4015110b
+# %% ../nbs/03_simpleprofiler.ipynb #879f7cb3
 @patch
 def profile(self:Learner,
     show_report:bool=True, # Display the formatted report after fit

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Set up (first run only) and run the demo: a short profiled training run of a small CNN on scikit-learn's digits.
+# Extra arguments go to the demo, e.g. `bash scripts/demo.sh --epochs 1 --slow-data 0.01`.
+EXTRAS=demo
+source "$(dirname "$0")/_venv.sh"
+cd "$ROOT"
+exec "$VENV/bin/python" -m fastxtend_prof "$@"

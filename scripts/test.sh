@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Set up (first run only) and run every check: notebooks and generated module agree, notebooks are clean,
+# the notebooks' docs tests pass (nbdev-test), and the pytest suite in tests/ passes.
+EXTRAS=dev
+source "$(dirname "$0")/_venv.sh"
+cd "$ROOT"
+export MPLBACKEND=Agg PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::DeprecationWarning}"
+
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  echo "== nbdev-export: the notebooks and fastxtend_prof/ must agree"
+  "$VENV/bin/nbdev-export"
+  if [ -n "$(git status --porcelain -- fastxtend_prof)" ]; then
+    git status --short -- fastxtend_prof; git --no-pager diff --stat -- fastxtend_prof
+    echo "FAIL: fastxtend_prof/ differs from what the notebooks export: run nbdev-export and commit both" >&2; exit 1
+  fi
+  echo "== nbdev-clean: notebooks must be committed clean"
+  "$VENV/bin/nbdev-clean"
+  if [ -n "$(git status --porcelain -- nbs)" ]; then
+    git status --short -- nbs
+    echo "FAIL: notebooks are not clean: run nbdev-clean and commit" >&2; exit 1
+  fi
+else
+  echo "(not a git checkout: skipping the export/clean agreement checks)"
+fi
+
+echo "== nbdev-test: the docs notebooks"
+"$VENV/bin/nbdev-test" --n-workers 2
+echo "== pytest"
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider tests "$@"

@@ -1,0 +1,125 @@
+"""Accuracy: a workload whose every step takes a known extra time (exact busy-waits), measured through a real fastai fit.
+
+fastai itself spends a few hundred microseconds per step (event dispatch, autograd, batch transfer) that is real time
+of that step. So the same workload is first profiled with every wait at zero (the baseline), and the test asserts that
+each step's mean grows by the known wait: within 5% or 0.75 ms, whichever is larger."""
+import time
+import numpy as np, pandas as pd, pytest, torch
+from torch import nn
+import torch.nn.functional as F
+from fastai.data.core import DataLoaders
+from fastai.learner import Learner
+from fastai.optimizer import SGD
+from fastai.callback.progress import ProgressCallback
+import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
+
+# Seconds each step of a batch takes, on top of the (tiny) real work.
+WAITS = dict(draw=0.015, forward=0.020, loss=0.010, backward=0.025, opt_step=0.015, zero_grad=0.010)
+T = dict.fromkeys(WAITS, 0.)  # the waits in force
+N_TRAIN, N_VALID, BS, EPOCHS = 12, 5, 8, 2
+
+def busy(s):
+    "Spin for exactly `s` seconds of wall time (sleep would hand the core away and overshoot)"
+    end = time.perf_counter() + s
+    while time.perf_counter() < end: pass
+
+class SlowDL:
+    "A DataLoader stand-in: the `n` batches of `dl`, made in advance, each taking exactly `T['draw']` to hand over"
+    def __init__(self, dl, n): self.dl, self.batches = dl, list(dl)[:n]
+    def __len__(self): return len(self.batches)
+    def __iter__(self):
+        for b in self.batches:
+            busy(T['draw'])
+            yield b
+    def __getattr__(self, k): return getattr(self.dl, k)
+
+class _SlowGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x): return x.view_as(x)
+    @staticmethod
+    def backward(ctx, g):
+        busy(T['backward'])
+        return g
+
+class SlowModel(nn.Module):
+    def __init__(self): super().__init__(); self.lin = nn.Linear(1, 1)
+    def forward(self, x):
+        busy(T['forward'])
+        return _SlowGrad.apply(self.lin(x.view(-1, 1))).view(-1)
+
+def slow_loss(pred, y):
+    busy(T['loss'])
+    return F.mse_loss(pred, y)
+
+def make_learner():
+    n = BS*max(N_TRAIN, N_VALID)
+    x = torch.randn(n); y = 2*x + 1
+    ds = list(zip(x, y))
+    dls = DataLoaders.from_dsets(ds, ds, bs=BS, shuffle=False, drop_last=False, num_workers=0, device=torch.device('cpu'))
+    dls.loaders = [SlowDL(dls.train, N_TRAIN), SlowDL(dls.valid, N_VALID)]
+    learn = Learner(dls, SlowModel(), loss_func=slow_loss, opt_func=SGD, lr=1e-3)
+    learn.remove_cb(ProgressCallback)
+    learn.create_opt()
+    step, zero = learn.opt.step, learn.opt.zero_grad
+    def slow_step(*a, **k): busy(T['opt_step']); return step(*a, **k)
+    def slow_zero(*a, **k): busy(T['zero_grad']); return zero(*a, **k)
+    learn.opt.step, learn.opt.zero_grad = slow_step, slow_zero
+    return learn
+
+def tolerance(expected): return max(0.05*expected, 0.00075)
+
+def profiled_fit(waits):
+    T.update(waits)
+    try:
+        learn = make_learner().profile(show_report=False)
+        with learn.no_logging(): learn.fit(EPOCHS)
+    finally: T.update(dict.fromkeys(WAITS, 0.))
+    return learn.simple_profile_results
+
+@pytest.fixture(scope='module')
+def baseline():
+    torch.set_num_threads(1)
+    return profiled_fit({})
+
+@pytest.fixture(scope='module')
+def results(baseline): return profiled_fit(WAITS)
+
+def _row(res, phase, step): return res[(res.Phase == phase) & (res.Step == step)].iloc[0]
+
+@pytest.mark.parametrize('phase,step,key', [
+    ('train', 'draw', 'draw'), ('train', 'forward', 'forward'), ('train', 'loss', 'loss'), ('train', 'backward', 'backward'),
+    ('train', 'opt_step', 'opt_step'), ('train', 'zero_grad', 'zero_grad'),
+    ('valid', 'draw', 'draw'), ('valid', 'predict', 'forward'), ('valid', 'loss', 'loss')])
+def test_step_means(baseline, results, phase, step, key):
+    r, base = _row(results, phase, step), _row(baseline, phase, step)['Mean Duration']
+    added = r['Mean Duration'] - base
+    print(f'{phase:5} {step:9} wait {WAITS[key]*1e3:6.3f} ms  measured {r["Mean Duration"]*1e3:6.3f} ms - baseline {base*1e3:.3f} ms = {added*1e3:6.3f} ms')
+    assert abs(added - WAITS[key]) <= tolerance(WAITS[key])
+    n = (N_TRAIN if phase == 'train' else N_VALID) - 1
+    assert r['Number of Calls'] == EPOCHS*n
+
+def test_batch_holds_its_steps(baseline, results):
+    "The steps inside `batch` are disjoint parts of it: their sum fits in it, and the gaps between them don't grow"
+    for phase, steps in (('train', ('forward', 'loss', 'backward', 'opt_step', 'zero_grad')), ('valid', ('predict', 'loss'))):
+        gap = {n: _row(r, phase, 'batch')['Mean Duration'] - sum(_row(r, phase, s)['Mean Duration'] for s in steps)
+               for n, r in (('base', baseline), ('wait', results))}
+        assert gap['wait'] >= 0
+        assert abs(gap['wait'] - gap['base']) <= 0.00075
+
+def test_other_gets_no_wait(baseline, results):
+    "No known wait leaks into `other`"
+    for phase in ('train', 'valid'):
+        assert abs(_row(results, phase, 'other')['Mean Duration'] - _row(baseline, phase, 'other')['Mean Duration']) <= 0.00075
+
+@pytest.mark.parametrize('phase', ['train', 'valid'])
+def test_partition(results, phase):
+    "draw + batch + other + warmup add up to the phase's time (within 1%)"
+    top = results[(results.Phase == phase) & (results.Action == results.Step)]
+    assert set(top.Step) == {'draw', 'batch', 'other', 'warmup'}
+    phase_total = _row(results, 'fit', phase)['Total Time']
+    assert abs(top['Total Time'].sum() - phase_total) <= 0.01*phase_total
+
+def test_samples_per_second(results):
+    r = _row(results, 'train', 'batch')
+    assert r['Samples/Second'] == pytest.approx(BS*r['Number of Calls']/r['Total Time'])
+    assert _row(results, 'fit', 'train')['Samples/Second'] == pytest.approx(EPOCHS*N_TRAIN*BS/_row(results, 'fit', 'train')['Total Time'])
