@@ -1,4 +1,4 @@
-"""Where the timing state of a profiled fit lives: one row of timestamps per batch in a typed array, and the statistics made from them. No fastai import.
+"""Where the timing state of a profiled fit lives: clocks (host, device-synchronised, device events), one row of timestamps per batch in a typed array or constant-size running summaries, and the statistics made from them. No fastai import.
 
 Docs: https://fastxtend-prof.github.io/fastxtend_prof/recorder.html.md"""
 
@@ -7,16 +7,18 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/recorder.html.md"""
 # %% auto #0
 __all__ = ['DRAW', 'BATCH', 'PRED', 'LOSS', 'BACKWARD', 'STEP', 'STEPPED', 'ZEROED', 'DONE', 'END', 'SAMPLES', 'FLAGS', 'N_SLOTS',
            'NO_BACKWARD', 'NO_STEP', 'NO_ZERO_GRAD', 'TRAIN_STEPS', 'VALID_STEPS', 'SUB_STEPS', 'TOP_STEPS', 'SPANS',
-           'STAT_COLS', 'Phase', 'Step', 'BatchTable', 'Recorder', 'FakeClock', 'phase_intervals', 'stats', 'summarize']
+           'host_clock', 'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step', 'BatchTable',
+           'SyncClock', 'Recorder', 'FakeClock', 'phase_intervals', 'stats', 'StepSummary', 'fold', 'summarize',
+           'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder']
 
-# %% ../nbs/00_recorder.ipynb #80564a4e
+# %% ../nbs/00_recorder.ipynb #64723684
 import math, time
 from array import array
 from enum import Enum
 from typing import Callable
 import numpy as np
 
-# %% ../nbs/00_recorder.ipynb #c7d664f6
+# %% ../nbs/00_recorder.ipynb #3462c5cc
 class Phase(str, Enum):
     "The three phases of a profiled fit"
     FIT='fit'; TRAIN='train'; VALID='valid'
@@ -29,13 +31,13 @@ class Step(str, Enum):
     FORWARD='forward'; PREDICT='predict'; LOSS='loss'; BACKWARD='backward'; OPT_STEP='opt_step'; ZERO_GRAD='zero_grad'
     def __str__(self): return self.value
 
-# %% ../nbs/00_recorder.ipynb #a696a7a2
+# %% ../nbs/00_recorder.ipynb #4e2458e4
 DRAW, BATCH, PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED, DONE, END, SAMPLES, FLAGS = range(12)
 N_SLOTS = 12
 NO_BACKWARD, NO_STEP, NO_ZERO_GRAD = 1, 2, 4
 _NAN = float('nan')
 
-# %% ../nbs/00_recorder.ipynb #826f7c4b
+# %% ../nbs/00_recorder.ipynb #05cad47b
 TRAIN_STEPS = (Step.DRAW, Step.BATCH, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER, Step.WARMUP)
 VALID_STEPS = (Step.DRAW, Step.BATCH, Step.PREDICT, Step.LOSS, Step.OTHER, Step.WARMUP)
 SUB_STEPS = {Step.FORWARD: (BATCH, PRED, 0), Step.PREDICT: (BATCH, PRED, 0), Step.LOSS: (PRED, LOSS, 0),
@@ -44,24 +46,39 @@ SUB_STEPS = {Step.FORWARD: (BATCH, PRED, 0), Step.PREDICT: (BATCH, PRED, 0), Ste
 TOP_STEPS = (Step.DRAW, Step.BATCH, Step.OTHER, Step.WARMUP)
 SPANS = (Step.FIT, Step.EPOCH, Step.TRAIN, Step.VALID)
 
-# %% ../nbs/00_recorder.ipynb #81009095
+# %% ../nbs/00_recorder.ipynb #da6b36f2
 class BatchTable:
     "One phase's per-batch rows of marks in a typed array, plus the runs (one per epoch) they belong to"
-    def __init__(self): self.data, self.runs = array('d'), []
+    def __init__(self, steps=None): self.data, self.runs, self.steps, self.offset, self.summaries = array('d'), [], steps, 0, None
     @property
-    def n(self): return len(self.data)//N_SLOTS
-    def matrix(self): return np.frombuffer(self.data, dtype=np.float64).reshape(-1, N_SLOTS) if self.data else np.empty((0, N_SLOTS))
+    def n(self): return self.offset + len(self.data)//N_SLOTS
+    def matrix(self, last:int|None=None):
+        "A copy of the buffered rows (or of the `last` ones) as an `(n, N_SLOTS)` array; a copy, so the buffer can keep growing"
+        start = 0 if last is None else max(len(self.data) - last*N_SLOTS, 0)
+        return np.frombuffer(self.data, dtype=np.float64, offset=start*8).reshape(-1, N_SLOTS).copy() if len(self.data) > start else np.empty((0, N_SLOTS))
     def nbytes(self): return self.data.itemsize*len(self.data)
 
-# %% ../nbs/00_recorder.ipynb #e99be47a
+# %% ../nbs/00_recorder.ipynb #f566e3bf
+host_clock = time.perf_counter
+
+class SyncClock:
+    "Reads `clock` after `sync()` (e.g. `torch.cuda.synchronize`), so each boundary waits for the device's queued work"
+    def __init__(self, sync:Callable[[], None], clock:Callable[[], float]=time.perf_counter): self.sync, self.clock = sync, clock
+    def __call__(self):
+        self.sync()
+        return self.clock()
+
+# %% ../nbs/00_recorder.ipynb #a5d00a32
 class Recorder:
     "Owns a profiled fit's timing state: spans, one row of marks per batch, `warmup` leading batches per loop"
     def __init__(self,
         warmup:int=1, # Leading batches of each train/valid loop kept out of the per-step statistics
         clock:Callable[[], float]=time.perf_counter, # Returns seconds; tests pass a fake clock
+        keep_raw:bool=True, # Keep every batch's row; False folds rows into constant-size summaries every `chunk` rows
+        chunk:int=4096, # Rows buffered before folding when `keep_raw=False`
     ):
-        self.warmup, self.clock = warmup, clock
-        self.tables = {Phase.TRAIN: BatchTable(), Phase.VALID: BatchTable()}
+        self.warmup, self.clock, self.keep_raw, self.chunk = warmup, clock, keep_raw, chunk
+        self.tables = {Phase.TRAIN: BatchTable(TRAIN_STEPS), Phase.VALID: BatchTable(VALID_STEPS)}
         self.spans = {s: array('d') for s in SPANS}
         self._open = {}  # span -> start time
         self._table, self._phase = None, None
@@ -120,11 +137,12 @@ class Recorder:
         row[DONE], row[SAMPLES] = self.clock(), samples
 
     def _close_row(self, end):
-        row = self._row
+        row, table = self._row, self._table
         row[END] = end
-        self._table.data.extend(row)
+        table.data.extend(row)
         row[:] = self._blank
         self._row_open = False
+        if not self.keep_raw and len(table.data) >= self.chunk*N_SLOTS: fold(table, self.warmup)
 
     def cancel(self, flags:int=NO_STEP|NO_ZERO_GRAD, close:bool=True, t:float|None=None):
         "Flag the steps of the current batch that did not run; if `close`, end what the cancelled batch left open at `t`"
@@ -150,7 +168,7 @@ class Recorder:
         "Bytes held by the per-batch tables"
         return sum(tb.nbytes() for tb in self.tables.values())
 
-# %% ../nbs/00_recorder.ipynb #d655a572
+# %% ../nbs/00_recorder.ipynb #61f4a977
 class FakeClock:
     "A clock for tests: returns `times` in order, or advances by `step` seconds per call"
     def __init__(self, times=None, step:float=1.0): self.times, self.step, self.t = list(times or []), step, 0.0
@@ -158,16 +176,17 @@ class FakeClock:
         self.t = self.times.pop(0) if self.times else self.t + self.step
         return self.t
 
-# %% ../nbs/00_recorder.ipynb #e1b7779f
+# %% ../nbs/00_recorder.ipynb #9fdc82b7
 def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS):
-    "Durations and sample counts per step of `table`: `{step: (durations, samples)}`; NaN marks a step that did not run"
-    m, n = table.matrix(), table.n
+    "Durations and sample counts per step of `table`'s buffered rows: `{step: (durations, samples)}`; NaN marks a step that did not run"
+    m, off = table.matrix(), table.offset
+    n = len(m)
     lead, warm = np.zeros(n), np.zeros(n, dtype=bool)
-    starts = [r[0] for r in table.runs] + [n]
+    starts = [r[0] for r in table.runs] + [table.n]
     for (first, t0, _), nxt in zip(table.runs, starts[1:]):
-        if first >= nxt: continue  # a loop that yielded no batch
-        lead[first] = m[first, DRAW] - t0
-        warm[first:min(first+warmup, nxt)] = True
+        if first >= nxt or nxt <= off or first >= off+n: continue  # no batch in this run, or none buffered now
+        if first >= off: lead[first-off] = m[first-off, DRAW] - t0
+        warm[max(first, off)-off:max(min(first+warmup, nxt)-off, 0)] = True
     flags, samples = m[:, FLAGS].astype(np.int64), m[:, SAMPLES]
     out, steady = {}, ~warm
     total = m[:, END] - m[:, DRAW] + lead
@@ -184,7 +203,7 @@ def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS):
         out[s] = (d, samples)
     return out
 
-# %% ../nbs/00_recorder.ipynb #eeabd735
+# %% ../nbs/00_recorder.ipynb #71eb1b8a
 STAT_COLS = ('Mean Duration', 'Duration Std Dev', 'Median Duration', 'P90 Duration', 'P99 Duration', 'Max Duration',
              'Number of Calls', 'Samples/Second', 'Total Time')
 
@@ -203,30 +222,262 @@ def stats(durations, samples=None) -> dict:
     return dict(zip(STAT_COLS, (total/n, float(d.std(ddof=1)) if n > 1 else _NAN, float(p50), float(p90), float(p99),
                                 float(d.max()), n, sps, total)))
 
-# %% ../nbs/00_recorder.ipynb #336eb3f7
+# %% ../nbs/00_recorder.ipynb #435fa401
+BINS_PER_DECADE = 50
+EDGES = np.logspace(-9, 4, 13*BINS_PER_DECADE + 1)
+
+class StepSummary:
+    "Constant-size, mergeable summary of one step's durations: moments, extremes, samples and a log-binned histogram"
+    def __init__(self): self.n, self.total, self.mean, self.m2, self.min, self.max, self.samples, self.hist = 0, 0., 0., 0., math.inf, -math.inf, 0., np.zeros(len(EDGES)+1, np.int64)
+
+    def update(self, durations, samples=None):
+        "Add the non-NaN `durations` (with their `samples`) to the summary"
+        d = np.asarray(durations, dtype=np.float64)
+        ok = ~np.isnan(d)
+        d = d[ok]
+        if not d.size: return self
+        o = StepSummary()
+        o.n, o.total, o.mean = d.size, float(d.sum()), float(d.mean())
+        o.m2, o.min, o.max = float(((d - o.mean)**2).sum()), float(d.min()), float(d.max())
+        if samples is not None: o.samples = float(np.broadcast_to(np.asarray(samples, dtype=np.float64), ok.shape)[ok].sum())
+        o.hist = np.bincount(np.searchsorted(EDGES, d, side='right'), minlength=len(EDGES)+1).astype(np.int64)
+        return self.merge(o)
+
+    def merge(self, o:'StepSummary'):
+        "Fold `o` into this summary (exact for counts, totals, moments, extremes and histograms)"
+        if not o.n: return self
+        n = self.n + o.n
+        delta = o.mean - self.mean
+        self.m2 += o.m2 + delta*delta*self.n*o.n/n
+        self.mean += delta*o.n/n
+        self.n, self.total, self.samples = n, self.total + o.total, self.samples + o.samples
+        self.min, self.max, self.hist = min(self.min, o.min), max(self.max, o.max), self.hist + o.hist
+        return self
+
+    def quantile(self, q:float) -> float:
+        "Approximate `q` quantile (0..1) from the histogram, interpolated geometrically inside the bin"
+        if not self.n: return _NAN
+        rank = q*(self.n - 1)
+        cum = np.cumsum(self.hist)
+        b = int(np.searchsorted(cum, rank, side='right'))
+        below = cum[b-1] if b else 0
+        lo = EDGES[b-1] if b else EDGES[0]/10
+        hi = EDGES[b] if b < len(EDGES) else EDGES[-1]*10
+        frac = (rank - below + 0.5)/self.hist[b]
+        return float(min(max(lo*(hi/lo)**frac, self.min), self.max))
+
+    def stats(self) -> dict:
+        "The same statistics as `stats`, from the summary"
+        if not self.n: return dict(zip(STAT_COLS, (_NAN,)*6 + (0, _NAN, 0.0)))
+        sps = self.samples/self.total if self.total > 0 and self.samples == self.samples and self.samples > 0 else _NAN
+        std = math.sqrt(self.m2/(self.n - 1)) if self.n > 1 else _NAN
+        return dict(zip(STAT_COLS, (self.total/self.n, std, self.quantile(.5), self.quantile(.9), self.quantile(.99),
+                                    self.max, self.n, sps, self.total)))
+
+# %% ../nbs/00_recorder.ipynb #a7374e7e
+def fold(table:BatchTable, warmup:int):
+    "Fold `table`'s buffered rows into its per-step `StepSummary`s and drop them"
+    if table.summaries is None: table.summaries = {s: StepSummary() for s in table.steps}
+    if not table.data: return table
+    for s, (d, smp) in phase_intervals(table, warmup, table.steps).items(): table.summaries[s].update(d, smp)
+    table.samples = getattr(table, 'samples', 0.) + float(np.nansum(table.matrix()[:, SAMPLES]))
+    table.offset = table.n
+    table.data = array('d')
+    return table
+
+# %% ../nbs/00_recorder.ipynb #fefdc1e7
 def _row(phase, action, step, st, fit_total):
     st['Percent of Total'] = 100*st['Total Time']/fit_total if fit_total > 0 else _NAN
     return (phase, action, step, st)
 
+def _phase_stats(table:BatchTable, warmup:int, keep_raw:bool, samples_per_second:bool):
+    "`({step: stats}, samples)` for one phase's table"
+    if keep_raw:
+        samp = table.matrix()[:, SAMPLES]
+        if not samples_per_second: samp = np.full_like(samp, np.nan)
+        ivs = phase_intervals(table, warmup, table.steps)
+        return {s: stats(d, samp) for s, (d, _) in ivs.items()}, float(np.nansum(samp)) if samples_per_second else _NAN
+    fold(table, warmup)
+    st = {s: table.summaries[s].stats() for s in table.steps}
+    if not samples_per_second:
+        for v in st.values(): v['Samples/Second'] = _NAN
+    return st, getattr(table, 'samples', 0.) if samples_per_second else _NAN
+
 def summarize(rec:Recorder, samples_per_second:bool=True) -> list:
     "Rows `(phase, action, step, stats)` of the profile recorded by `rec`"
-    ivs = {Phase.TRAIN: phase_intervals(rec.tables[Phase.TRAIN], rec.warmup, TRAIN_STEPS),
-           Phase.VALID: phase_intervals(rec.tables[Phase.VALID], rec.warmup, VALID_STEPS)}
-    samp = {p: rec.tables[p].matrix()[:, SAMPLES] for p in ivs}
-    if not samples_per_second: samp = {p: np.full_like(v, np.nan) for p, v in samp.items()}
+    ph = {p: _phase_stats(rec.tables[p], rec.warmup, rec.keep_raw, samples_per_second) for p in (Phase.TRAIN, Phase.VALID)}
     fit_total = float(np.sum(rec.spans[Step.FIT]))
-    all_samples = np.concatenate([samp[Phase.TRAIN], samp[Phase.VALID]]).sum()
-    span_samples = {Step.FIT: all_samples, Step.EPOCH: all_samples, Step.TRAIN: samp[Phase.TRAIN].sum(), Step.VALID: samp[Phase.VALID].sum()}
+    n_train, n_valid = ph[Phase.TRAIN][1], ph[Phase.VALID][1]
+    span_samples = {Step.FIT: n_train + n_valid, Step.EPOCH: n_train + n_valid, Step.TRAIN: n_train, Step.VALID: n_valid}
     rows = []
     for step in SPANS:
         if step is Step.VALID and not rec.tables[Phase.VALID].runs: continue
         spans = np.asarray(rec.spans[step])
         per_call = np.full(spans.shape, span_samples[step]/max(len(spans), 1))
         rows.append(_row(Phase.FIT, Step.FIT if step is Step.FIT else Step.EPOCH, step, stats(spans, per_call), fit_total))
-    for phase, steps in ((Phase.TRAIN, TRAIN_STEPS), (Phase.VALID, VALID_STEPS)):
+    for phase in (Phase.TRAIN, Phase.VALID):
         if rec.tables[phase].n == 0: continue
-        for step in steps:
-            d, s = ivs[phase][step]
-            action = Step.BATCH if step in SUB_STEPS else step
-            rows.append(_row(phase, action, step, stats(d, samp[phase]), fit_total))
+        for step, st in ph[phase][0].items():
+            rows.append(_row(phase, Step.BATCH if step in SUB_STEPS else step, step, st, fit_total))
     return rows
+
+# %% ../nbs/00_recorder.ipynb #0297a7a1
+class TorchEventTimer:
+    "Device timer over torch events on `device` (CUDA events, or `torch.Event` for other accelerators)"
+    def __init__(self, device):
+        import torch
+        self.device = torch.device(device)
+        if self.device.type == 'cuda': self._new, self._sync = (lambda: torch.cuda.Event(enable_timing=True)), (lambda: torch.cuda.synchronize(self.device))
+        else: self._new, self._sync = (lambda: torch.Event(device=self.device, enable_timing=True)), torch.accelerator.synchronize
+    def record(self):
+        e = self._new()
+        e.record()
+        return e
+    def elapsed(self, a, b) -> float: return a.elapsed_time(b)/1e3
+    def ready(self, e) -> bool: return e.query()
+    def synchronize(self): self._sync()
+
+class FakeDevice:
+    "A simulated asynchronous accelerator: `host(s)` spends host time, `launch(s)` queues device work; a timer and a sync"
+    def __init__(self): self.t, self.cursor = 0., 0.
+    def clock(self) -> float: return self.t
+    def host(self, s:float): self.t += s
+    def launch(self, s:float): self.cursor = max(self.cursor, self.t) + s
+    def sync(self): self.t = max(self.t, self.cursor)
+    # the timer interface: an event's token is the device time at which the device reaches it
+    def record(self) -> float: return max(self.cursor, self.t)
+    def elapsed(self, a, b) -> float: return b - a
+    def ready(self, e) -> bool: return e <= self.t
+    def synchronize(self): self.sync()
+
+# %% ../nbs/00_recorder.ipynb #0fe3035d
+class EventRecorder(Recorder):
+    "A `Recorder` that also records a device event at every boundary through `timer` and resolves them lazily"
+    def __init__(self, timer, warmup:int=1, clock:Callable[[], float]=time.perf_counter, keep_raw:bool=True, chunk:int=4096,
+                 resolve_every:int=64, # Closed batches between non-blocking resolutions of completed events
+                ):
+        super().__init__(warmup=warmup, clock=clock, keep_raw=keep_raw, chunk=chunk)
+        self.timer, self.resolve_every = timer, resolve_every
+        self.device = {Phase.TRAIN: BatchTable(TRAIN_STEPS), Phase.VALID: BatchTable(VALID_STEPS)}
+        self.device_spans = {s: array('d') for s in SPANS}
+        self._ev, self._draw_ev, self._end_ev, self._origin = [None]*N_SLOTS, None, None, None
+        self._pending, self._span_ev, self._run_ev = [], {}, None
+
+    def start(self, step:Step):
+        ev = self.timer.record()
+        if self._origin is None: self._origin = ev
+        super().start(step)
+        self._span_ev[step] = ev
+
+    def stop(self, step:Step, t:float|None=None):
+        ev = self.timer.record()
+        if self._phase is not None: self.end_phase(t, ev)
+        if step is Step.FIT and Step.EPOCH in self._span_ev: self.stop(Step.EPOCH, t)
+        super().stop(step, t)
+        start = self._span_ev.pop(step, None)
+        if start is not None: self._pending.append(('span', step, start, ev))
+        if step is Step.FIT: self.resolve(block=True)
+
+    def begin_phase(self, phase:Phase):
+        ev = self.timer.record()
+        if self._origin is None: self._origin = ev
+        if self._phase is not None: self.end_phase(None, ev)
+        super().begin_phase(phase)
+        self._run_ev = ev
+        self._pending.append(('run', phase, self.tables[phase].runs[-1][0], ev))
+
+    def end_phase(self, t:float|None=None, ev=None):
+        if self._phase is None: return
+        ev = self.timer.record() if ev is None else ev
+        self._end_ev, phase = ev, self._phase
+        super().end_phase(t)
+        self._pending.append(('span', Step(phase.value), self._run_ev, ev))
+        self._pending.append(('run_end', phase, None, ev))
+        self.resolve(block=True)
+
+    def draw(self):
+        super().draw()
+        self._draw_ev = self.timer.record()
+
+    def start_batch(self):
+        ev = self.timer.record()
+        d, self._draw_ev = self._draw_ev, None
+        self._end_ev = ev if d is None else d
+        super().start_batch()
+        self._ev[DRAW], self._ev[BATCH] = self._end_ev, ev
+
+    def mark(self, slot:int):
+        super().mark(slot)
+        self._ev[slot] = self.timer.record()
+
+    def end_batch(self, samples:float=_NAN):
+        super().end_batch(samples)
+        self._ev[DONE] = self.timer.record()
+
+    def cancel(self, flags:int=NO_STEP|NO_ZERO_GRAD, close:bool=True, t:float|None=None):
+        if not self._row_open: return
+        ev = self.timer.record()
+        super().cancel(flags, close, t)
+        for slot in (PRED, LOSS, STEP, DONE):
+            if self._ev[slot] is None and self._row[slot] == self._row[slot]: self._ev[slot] = ev
+
+    def _close_row(self, end):
+        ev, self._ev = self._ev, [None]*N_SLOTS
+        ev[END] = self._end_ev
+        self._pending.append(('row', self._phase, ev, (self._row[SAMPLES], self._row[FLAGS])))
+        super()._close_row(end)
+        if len(self._pending) >= self.resolve_every: self.resolve()
+
+    def resolve(self, block:bool=False):
+        "Turn pending events into device timestamps; without `block`, only those the device has completed"
+        if block and self._pending: self.timer.synchronize()
+        el, org = self.timer.elapsed, self._origin
+        done = 0
+        for kind, key, a, b in self._pending:
+            last = b if kind in ('span', 'run', 'run_end') else a[END]
+            if not block and not self.timer.ready(last): break
+            done += 1
+            if kind == 'span': self.device_spans[key].append(el(a, b))
+            elif kind == 'run': self.device[key].runs.append([a, el(org, b), _NAN])  # rows mirror the host's, so the first index is the same
+            elif kind == 'run_end': self.device[key].runs[-1][2] = el(org, b)
+            else:
+                row = [_NAN if e is None else el(org, e) for e in a]
+                row[SAMPLES], row[FLAGS] = b
+                table = self.device[key]
+                table.data.extend(row)
+                if not self.keep_raw and len(table.data) >= self.chunk*N_SLOTS: fold(table, self.warmup)
+        del self._pending[:done]
+
+    def abort(self):
+        t = self.clock()
+        self.cancel(NO_STEP|NO_ZERO_GRAD, t=t)
+        self.stop(Step.FIT, t)
+
+    def nbytes(self): return super().nbytes() + sum(tb.nbytes() for tb in self.device.values())
+
+# %% ../nbs/00_recorder.ipynb #e57f68b0
+def device_view(rec:EventRecorder):
+    "A recorder-like view of `rec` whose tables and spans are the device's"
+    v = object.__new__(Recorder)
+    v.__dict__.update(rec.__dict__)
+    v.tables, v.spans = rec.device, rec.device_spans
+    return v
+
+# %% ../nbs/00_recorder.ipynb #e8be286e
+SYNC_MODES = ('auto', 'none', 'device', 'events')
+
+def make_recorder(sync:str='auto', device=None, warmup:int=1, keep_raw:bool=True, timer=None, sync_fn=None):
+    "A recorder timing a model on `device` per `sync` (one of `SYNC_MODES`); returns `(recorder, mode used, note)`"
+    if sync not in SYNC_MODES: raise ValueError(f'`sync` must be one of {SYNC_MODES}, got {sync!r}')
+    kind = getattr(device, 'type', str(device or 'cpu').split(':')[0])
+    accel = kind not in ('cpu', 'meta') or timer is not None or sync_fn is not None
+    mode = ('events' if accel else 'none') if sync == 'auto' else sync
+    note = ''
+    if mode != 'none' and not accel: mode, note = 'none', f"sync={sync!r} needs an accelerator; the model is on {kind}: host clock used"
+    if mode == 'none': return Recorder(warmup=warmup, keep_raw=keep_raw), mode, note
+    if mode == 'device':
+        if sync_fn is None:
+            import torch
+            sync_fn = (lambda: torch.cuda.synchronize(device)) if kind == 'cuda' else torch.accelerator.synchronize
+        return Recorder(warmup=warmup, keep_raw=keep_raw, clock=SyncClock(sync_fn)), mode, 'every boundary synchronised with the device'
+    return EventRecorder(timer or TorchEventTimer(device), warmup=warmup, keep_raw=keep_raw), mode, 'device time from events; host time in the Host columns'

@@ -7,7 +7,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/simpleprofiler.html.md"""
 # %% auto #0
 __all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback']
 
-# %% ../nbs/03_simpleprofiler.ipynb #0156efb5
+# %% ../nbs/03_simpleprofiler.ipynb #ec4c3639
 import os
 from pathlib import Path
 from fastcore.basics import store_attr, patch, noop
@@ -19,12 +19,13 @@ from . import events
 from .recorder import *
 from .report import *
 
-# %% ../nbs/03_simpleprofiler.ipynb #cd094d65
+# %% ../nbs/03_simpleprofiler.ipynb #2ef0016c
 def _check_bool(name, v):
     if not isinstance(v, bool): raise ValueError(f'`{name}` must be True or False, got {v!r}')
 
-def _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup):
-    for n, v in dict(show_report=show_report, plain=plain, markdown=markdown, save_csv=save_csv).items(): _check_bool(n, v)
+def _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup, sync, keep_raw):
+    for n, v in dict(show_report=show_report, plain=plain, markdown=markdown, save_csv=save_csv, keep_raw=keep_raw).items(): _check_bool(n, v)
+    if sync not in SYNC_MODES: raise ValueError(f'`sync` must be one of {", ".join(map(repr, SYNC_MODES))}, got {sync!r}')
     if not isinstance(csv_name, (str, os.PathLike)) or not str(csv_name).strip():
         raise ValueError(f'`csv_name` must be a non-empty file name or path, got {csv_name!r}')
     if logger_callback is not None and (not isinstance(logger_callback, str) or not logger_callback.strip()):
@@ -32,8 +33,28 @@ def _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callbac
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f'`warmup` must be an integer >= 0 (leading batches per epoch left out of the statistics), got {warmup!r}')
 
-# %% ../nbs/03_simpleprofiler.ipynb #d625f7d5
-class SimpleProfilerCallback(Callback):
+# %% ../nbs/03_simpleprofiler.ipynb #c46038b1
+def _model_device(learn):
+    "The device of `learn.model`'s first parameter (CPU for a model without any)"
+    p = next(iter(learn.model.parameters()), None)
+    return p.device if p is not None else 'cpu'
+
+def _batch_size(learn):
+    "Samples in the current batch: the first target's (or input's) leading dimension"
+    b = learn.yb if len(learn.yb) else learn.xb
+    try: return b[0].shape[0]
+    except (AttributeError, IndexError, TypeError): return find_bs(b)
+
+class _FastMiss:
+    "Mixin: answer fastai's per-event lookups (`training`, events not handled) directly, not via `learn` and the model"
+    @property
+    def training(self): return self.learn.training
+    def __getattr__(self, k):
+        if k.startswith(('before_', 'after_')): raise AttributeError(k)
+        return super().__getattr__(k)
+
+# %% ../nbs/03_simpleprofiler.ipynb #f783d0b5
+class SimpleProfilerCallback(_FastMiss, Callback):
     "Profiles a fit with `SimpleProfilerPostCallback`; `show_report`, `save_csv` to `csv_name` after fit"
     order,remove_on_fetch = -1000,True
     _draw = _start_batch = _mark = _cancel = staticmethod(noop)  # bound to the recorder while a fit is recorded
@@ -45,17 +66,20 @@ class SimpleProfilerCallback(Callback):
         csv_name:str='simple_profile.csv', # CSV file name, relative to `learn.path`
         logger_callback:str|None='wandb', # Name of the logger callback the results go to when it is attached
         warmup:int=1, # Leading batches of each train/valid loop reported apart, in the `warmup` row
+        sync:str='auto', # How steps are timed on an accelerator: 'auto', 'none', 'device' or 'events'
+        keep_raw:bool=True, # Keep every batch's timings; False keeps constant-size summaries (for very long runs)
     ):
-        _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup)
+        _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup, sync, keep_raw)
         store_attr()
-        self._rec = None
+        self._rec, self._mode, self._note = None, None, ''
 
     def before_fit(self):
         if self._rec is not None or any(isinstance(cb, LRFinder) for cb in self.learn.cbs) or not events.watch_fit(self.learn, self):
             self.run = False  # validate/get_preds/lr_find, or a nested call: record nothing, stay attached
             return
         if self._post() is None: raise ValueError('SimpleProfilerCallback needs SimpleProfilerPostCallback: attach both with `learn.profile()`')
-        rec = self._rec = Recorder(warmup=self.warmup)
+        rec, self._mode, self._note = make_recorder(self.sync, _model_device(self.learn), self.warmup, self.keep_raw)
+        self._rec = rec
         self._draw, self._start_batch, self._mark, self._cancel = rec.draw, rec.start_batch, rec.mark, rec.cancel
         rec.start(Step.FIT)
 
@@ -76,8 +100,8 @@ class SimpleProfilerCallback(Callback):
     def after_cancel_epoch(self): self._cancel()
     def after_cancel_fit(self): self._cancel()
 
-# %% ../nbs/03_simpleprofiler.ipynb #9eb9be9d
-class SimpleProfilerPostCallback(Callback):
+# %% ../nbs/03_simpleprofiler.ipynb #608fad0c
+class SimpleProfilerPostCallback(_FastMiss, Callback):
     "Pair with `SimpleProfilerCallback` to profile a fit; counts samples for `samples_per_second`"
     order,remove_on_fetch = FastaiRecorder.order-1,True
     _mark = _end_batch = staticmethod(noop)
@@ -99,14 +123,13 @@ class SimpleProfilerPostCallback(Callback):
     def after_step(self): self._mark(STEPPED)
     def after_batch(self):
         if not self.samples_per_second: return self._end_batch()
-        learn = self.learn
-        self._end_batch(find_bs(learn.yb) if len(learn.yb) else find_bs(learn.xb))
+        self._end_batch(_batch_size(self.learn))
     def after_train(self): self._rec.end_phase()
     def after_validate(self): self._rec.end_phase()
     def after_epoch(self): self._rec.stop(Step.EPOCH)
     def after_fit(self): self._rec.stop(Step.FIT)
 
-# %% ../nbs/03_simpleprofiler.ipynb #bd1c2f12
+# %% ../nbs/03_simpleprofiler.ipynb #25a4e3cf
 @patch
 def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     "Build the results of the fit just ended (with `exc` if it raised), remove the pair, show and save the report"
@@ -117,14 +140,22 @@ def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     learn.remove_cbs([cb for cb in (self, post) if cb is not None and cb in learn.cbs])
     if rec is None: return
     if exc is not None: rec.abort()
-    results = results_frame(summarize(rec, samples_per_second=post.samples_per_second if post is not None else True))
+    sps = post.samples_per_second if post is not None else True
+    if isinstance(rec, EventRecorder):
+        results = results_frame(summarize(device_view(rec), samples_per_second=sps))
+        host = results_frame(summarize(rec, samples_per_second=sps))
+        results['Host Mean Duration'], results['Host Total Time'] = host['Mean Duration'].values, host['Total Time'].values
+    else: results = results_frame(summarize(rec, samples_per_second=sps))
     learn.simple_profile_results, learn.simple_profile_report = results, format_report(results)
     learn.simple_profile_recorder = rec
-    title = 'Simple Profiler report' + (f' (partial: the fit stopped with {type(exc).__name__})' if exc is not None else '')
+    notes = [f"sync='{self._mode}'" + (f': {self._note}' if self._note else '')] if self._mode != 'none' or self._note else []
+    if exc is not None: notes.append(f'partial: the fit stopped with {type(exc).__name__}')
+    title = 'Simple Profiler report' + (f' ({"; ".join(notes)})' if notes else '')
+    learn.simple_profile_sync = self._mode
     if self.show_report: show_report(learn.simple_profile_report, self.plain, self.markdown, title=title)
     if self.save_csv: save_results(results, Path(learn.path)/self.csv_name)
 
-# %% ../nbs/03_simpleprofiler.ipynb #879f7cb3
+# %% ../nbs/03_simpleprofiler.ipynb #0fffeb0a
 @patch
 def profile(self:Learner,
     show_report:bool=True, # Display the formatted report after fit
@@ -135,9 +166,11 @@ def profile(self:Learner,
     samples_per_second:bool=True, # Count samples per batch to report samples/second
     logger_callback:str|None='wandb', # Name of the logger callback the results go to when it is attached
     warmup:int=1, # Leading batches of each train/valid loop reported apart, in the `warmup` row
+    sync:str='auto', # How steps are timed on an accelerator: 'auto', 'none', 'device' or 'events'
+    keep_raw:bool=True, # Keep every batch's timings; False keeps constant-size summaries (for very long runs)
 ):
-    "Profile the next fit: report where each batch's time went; `show_report`, `save_csv`, `warmup`"
-    pre = SimpleProfilerCallback(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup)
+    "Profile the next fit: report where each batch's time went; `show_report`, `save_csv`, `warmup`, `sync`"
+    pre = SimpleProfilerCallback(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup, sync, keep_raw)
     post = SimpleProfilerPostCallback(samples_per_second)
     self.remove_cbs([cb for cb in self.cbs if isinstance(cb, (SimpleProfilerCallback, SimpleProfilerPostCallback))])
     return self.add_cbs([pre, post])
