@@ -11,14 +11,14 @@ __all__ = ['DRAW', 'BATCH', 'PRED', 'LOSS', 'BACKWARD', 'STEP', 'STEPPED', 'ZERO
            'SyncClock', 'Recorder', 'FakeClock', 'phase_intervals', 'stats', 'StepSummary', 'fold', 'summarize',
            'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder']
 
-# %% ../nbs/00_recorder.ipynb #64723684
+# %% ../nbs/00_recorder.ipynb #a77c41bf
 import math, time
 from array import array
 from enum import Enum
 from typing import Callable
 import numpy as np
 
-# %% ../nbs/00_recorder.ipynb #3462c5cc
+# %% ../nbs/00_recorder.ipynb #d61cf4f5
 class Phase(str, Enum):
     "The three phases of a profiled fit"
     FIT='fit'; TRAIN='train'; VALID='valid'
@@ -31,13 +31,13 @@ class Step(str, Enum):
     FORWARD='forward'; PREDICT='predict'; LOSS='loss'; BACKWARD='backward'; OPT_STEP='opt_step'; ZERO_GRAD='zero_grad'
     def __str__(self): return self.value
 
-# %% ../nbs/00_recorder.ipynb #4e2458e4
+# %% ../nbs/00_recorder.ipynb #687a37d9
 DRAW, BATCH, PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED, DONE, END, SAMPLES, FLAGS = range(12)
 N_SLOTS = 12
 NO_BACKWARD, NO_STEP, NO_ZERO_GRAD = 1, 2, 4
 _NAN = float('nan')
 
-# %% ../nbs/00_recorder.ipynb #05cad47b
+# %% ../nbs/00_recorder.ipynb #9b643d9f
 TRAIN_STEPS = (Step.DRAW, Step.BATCH, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER, Step.WARMUP)
 VALID_STEPS = (Step.DRAW, Step.BATCH, Step.PREDICT, Step.LOSS, Step.OTHER, Step.WARMUP)
 SUB_STEPS = {Step.FORWARD: (BATCH, PRED, 0), Step.PREDICT: (BATCH, PRED, 0), Step.LOSS: (PRED, LOSS, 0),
@@ -46,7 +46,7 @@ SUB_STEPS = {Step.FORWARD: (BATCH, PRED, 0), Step.PREDICT: (BATCH, PRED, 0), Ste
 TOP_STEPS = (Step.DRAW, Step.BATCH, Step.OTHER, Step.WARMUP)
 SPANS = (Step.FIT, Step.EPOCH, Step.TRAIN, Step.VALID)
 
-# %% ../nbs/00_recorder.ipynb #da6b36f2
+# %% ../nbs/00_recorder.ipynb #ed9a3c33
 class BatchTable:
     "One phase's per-batch rows of marks in a typed array, plus the runs (one per epoch) they belong to"
     def __init__(self, steps=None): self.data, self.runs, self.steps, self.offset, self.summaries = array('d'), [], steps, 0, None
@@ -56,9 +56,12 @@ class BatchTable:
         "A copy of the buffered rows (or of the `last` ones) as an `(n, N_SLOTS)` array; a copy, so the buffer can keep growing"
         start = 0 if last is None else max(len(self.data) - last*N_SLOTS, 0)
         return np.frombuffer(self.data, dtype=np.float64, offset=start*8).reshape(-1, N_SLOTS).copy() if len(self.data) > start else np.empty((0, N_SLOTS))
+    def view(self):
+        "The buffered rows as an `(n, N_SLOTS)` array sharing the buffer: don't keep it while rows are still being added"
+        return np.frombuffer(self.data, dtype=np.float64).reshape(-1, N_SLOTS) if self.data else np.empty((0, N_SLOTS))
     def nbytes(self): return self.data.itemsize*len(self.data)
 
-# %% ../nbs/00_recorder.ipynb #f566e3bf
+# %% ../nbs/00_recorder.ipynb #77c38037
 host_clock = time.perf_counter
 
 class SyncClock:
@@ -68,7 +71,7 @@ class SyncClock:
         self.sync()
         return self.clock()
 
-# %% ../nbs/00_recorder.ipynb #a5d00a32
+# %% ../nbs/00_recorder.ipynb #c51b1804
 class Recorder:
     "Owns a profiled fit's timing state: spans, one row of marks per batch, `warmup` leading batches per loop"
     def __init__(self,
@@ -118,23 +121,24 @@ class Recorder:
         "Mark `before_draw`: the next batch is about to be drawn"
         self._draw_t = self.clock()
 
-    def start_batch(self):
-        "Mark `before_batch`: the drawn batch starts; the previous batch's `other` ends where this draw began"
+    def start_batch(self, samples:float=_NAN):
+        "Mark `before_batch` for a batch of `samples`: it starts; the previous batch's `other` ends where this draw began"
         t = self.clock()
         d, self._draw_t = self._draw_t, _NAN
         if d != d: d = t  # no before_draw was seen: count no draw time
         if self._row_open: self._close_row(d)
         row = self._row
-        row[DRAW], row[BATCH], self._row_open = d, t, True
+        row[DRAW], row[BATCH], row[SAMPLES], self._row_open = d, t, samples, True
 
     def mark(self, slot:int):
         "Store the clock in `slot` of the current batch's row"
         self._row[slot] = self.clock()
 
-    def end_batch(self, samples:float=_NAN):
-        "Mark the end of the batch (`after_batch`, Post) with its number of `samples`"
+    def end_batch(self, samples:float|None=None):
+        "Mark the end of the batch (`after_batch`, Post), with its number of `samples` if not given at `start_batch`"
         row = self._row
-        row[DONE], row[SAMPLES] = self.clock(), samples
+        row[DONE] = self.clock()
+        if samples is not None: row[SAMPLES] = samples
 
     def _close_row(self, end):
         row, table = self._row, self._table
@@ -168,7 +172,7 @@ class Recorder:
         "Bytes held by the per-batch tables"
         return sum(tb.nbytes() for tb in self.tables.values())
 
-# %% ../nbs/00_recorder.ipynb #61f4a977
+# %% ../nbs/00_recorder.ipynb #885d8d1e
 class FakeClock:
     "A clock for tests: returns `times` in order, or advances by `step` seconds per call"
     def __init__(self, times=None, step:float=1.0): self.times, self.step, self.t = list(times or []), step, 0.0
@@ -176,10 +180,10 @@ class FakeClock:
         self.t = self.times.pop(0) if self.times else self.t + self.step
         return self.t
 
-# %% ../nbs/00_recorder.ipynb #9fdc82b7
+# %% ../nbs/00_recorder.ipynb #4d33736a
 def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS):
     "Durations and sample counts per step of `table`'s buffered rows: `{step: (durations, samples)}`; NaN marks a step that did not run"
-    m, off = table.matrix(), table.offset
+    m, off = table.view(), table.offset
     n = len(m)
     lead, warm = np.zeros(n), np.zeros(n, dtype=bool)
     starts = [r[0] for r in table.runs] + [table.n]
@@ -187,23 +191,25 @@ def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS):
         if first >= nxt or nxt <= off or first >= off+n: continue  # no batch in this run, or none buffered now
         if first >= off: lead[first-off] = m[first-off, DRAW] - t0
         warm[max(first, off)-off:max(min(first+warmup, nxt)-off, 0)] = True
-    flags, samples = m[:, FLAGS].astype(np.int64), m[:, SAMPLES]
-    out, steady = {}, ~warm
-    total = m[:, END] - m[:, DRAW] + lead
+    flags, samples = m[:, FLAGS].astype(np.int64), m[:, SAMPLES].copy()
+    any_warm, out = warm.any(), {}
     for s in steps:
-        if s is Step.WARMUP: d = np.where(warm, total, np.nan)
-        elif s is Step.DRAW: d = m[:, BATCH] - m[:, DRAW]
-        elif s is Step.BATCH: d = m[:, DONE] - m[:, BATCH]
-        elif s is Step.OTHER: d = m[:, END] - m[:, DONE] + lead
+        if s is Step.WARMUP:
+            d = m[:, END] - m[:, DRAW] + lead
+            d[~warm] = np.nan
         else:
-            a, b, flag = SUB_STEPS[s]
-            d = m[:, b] - m[:, a]
-            if flag: d = np.where(flags & flag, np.nan, d)
-        if s is not Step.WARMUP: d = np.where(steady, d, np.nan)
+            if s is Step.DRAW: d = m[:, BATCH] - m[:, DRAW]
+            elif s is Step.BATCH: d = m[:, DONE] - m[:, BATCH]
+            elif s is Step.OTHER: d = m[:, END] - m[:, DONE]; d += lead
+            else:
+                a, b, flag = SUB_STEPS[s]
+                d = m[:, b] - m[:, a]
+                if flag: d[(flags & flag) != 0] = np.nan
+            if any_warm: d[warm] = np.nan
         out[s] = (d, samples)
     return out
 
-# %% ../nbs/00_recorder.ipynb #71eb1b8a
+# %% ../nbs/00_recorder.ipynb #da10a49e
 STAT_COLS = ('Mean Duration', 'Duration Std Dev', 'Median Duration', 'P90 Duration', 'P99 Duration', 'Max Duration',
              'Number of Calls', 'Samples/Second', 'Total Time')
 
@@ -215,14 +221,14 @@ def stats(durations, samples=None) -> dict:
     n, total = int(d.size), float(d.sum())
     if samples is None: sps = _NAN
     else:
-        s = np.broadcast_to(np.asarray(samples, dtype=np.float64), ok.shape)[ok]
-        sps = float(s.sum()/total) if n and total > 0 else _NAN
+        s = float(np.nansum(np.broadcast_to(np.asarray(samples, dtype=np.float64), ok.shape)[ok]))
+        sps = s/total if n and total > 0 and s > 0 else _NAN
     if n == 0: return dict(zip(STAT_COLS, (_NAN,)*6 + (0, _NAN, 0.0)))
     p50, p90, p99 = np.percentile(d, [50, 90, 99])
     return dict(zip(STAT_COLS, (total/n, float(d.std(ddof=1)) if n > 1 else _NAN, float(p50), float(p90), float(p99),
                                 float(d.max()), n, sps, total)))
 
-# %% ../nbs/00_recorder.ipynb #435fa401
+# %% ../nbs/00_recorder.ipynb #e333ec94
 BINS_PER_DECADE = 50
 EDGES = np.logspace(-9, 4, 13*BINS_PER_DECADE + 1)
 
@@ -239,7 +245,7 @@ class StepSummary:
         o = StepSummary()
         o.n, o.total, o.mean = d.size, float(d.sum()), float(d.mean())
         o.m2, o.min, o.max = float(((d - o.mean)**2).sum()), float(d.min()), float(d.max())
-        if samples is not None: o.samples = float(np.broadcast_to(np.asarray(samples, dtype=np.float64), ok.shape)[ok].sum())
+        if samples is not None: o.samples = float(np.nansum(np.broadcast_to(np.asarray(samples, dtype=np.float64), ok.shape)[ok]))
         o.hist = np.bincount(np.searchsorted(EDGES, d, side='right'), minlength=len(EDGES)+1).astype(np.int64)
         return self.merge(o)
 
@@ -269,23 +275,23 @@ class StepSummary:
     def stats(self) -> dict:
         "The same statistics as `stats`, from the summary"
         if not self.n: return dict(zip(STAT_COLS, (_NAN,)*6 + (0, _NAN, 0.0)))
-        sps = self.samples/self.total if self.total > 0 and self.samples == self.samples and self.samples > 0 else _NAN
+        sps = self.samples/self.total if self.total > 0 and self.samples > 0 else _NAN
         std = math.sqrt(self.m2/(self.n - 1)) if self.n > 1 else _NAN
         return dict(zip(STAT_COLS, (self.total/self.n, std, self.quantile(.5), self.quantile(.9), self.quantile(.99),
                                     self.max, self.n, sps, self.total)))
 
-# %% ../nbs/00_recorder.ipynb #a7374e7e
+# %% ../nbs/00_recorder.ipynb #11a8944f
 def fold(table:BatchTable, warmup:int):
     "Fold `table`'s buffered rows into its per-step `StepSummary`s and drop them"
     if table.summaries is None: table.summaries = {s: StepSummary() for s in table.steps}
     if not table.data: return table
     for s, (d, smp) in phase_intervals(table, warmup, table.steps).items(): table.summaries[s].update(d, smp)
-    table.samples = getattr(table, 'samples', 0.) + float(np.nansum(table.matrix()[:, SAMPLES]))
+    table.samples = getattr(table, 'samples', 0.) + float(np.nansum(table.view()[:, SAMPLES]))
     table.offset = table.n
     table.data = array('d')
     return table
 
-# %% ../nbs/00_recorder.ipynb #fefdc1e7
+# %% ../nbs/00_recorder.ipynb #c18b1d7e
 def _row(phase, action, step, st, fit_total):
     st['Percent of Total'] = 100*st['Total Time']/fit_total if fit_total > 0 else _NAN
     return (phase, action, step, st)
@@ -293,9 +299,9 @@ def _row(phase, action, step, st, fit_total):
 def _phase_stats(table:BatchTable, warmup:int, keep_raw:bool, samples_per_second:bool):
     "`({step: stats}, samples)` for one phase's table"
     if keep_raw:
-        samp = table.matrix()[:, SAMPLES]
-        if not samples_per_second: samp = np.full_like(samp, np.nan)
         ivs = phase_intervals(table, warmup, table.steps)
+        samp = next(iter(ivs.values()))[1] if ivs else np.empty(0)
+        if not samples_per_second: samp = np.full_like(samp, np.nan)
         return {s: stats(d, samp) for s, (d, _) in ivs.items()}, float(np.nansum(samp)) if samples_per_second else _NAN
     fold(table, warmup)
     st = {s: table.summaries[s].stats() for s in table.steps}
@@ -321,7 +327,7 @@ def summarize(rec:Recorder, samples_per_second:bool=True) -> list:
             rows.append(_row(phase, Step.BATCH if step in SUB_STEPS else step, step, st, fit_total))
     return rows
 
-# %% ../nbs/00_recorder.ipynb #0297a7a1
+# %% ../nbs/00_recorder.ipynb #c2be1e94
 class TorchEventTimer:
     "Device timer over torch events on `device` (CUDA events, or `torch.Event` for other accelerators)"
     def __init__(self, device):
@@ -350,7 +356,7 @@ class FakeDevice:
     def ready(self, e) -> bool: return e <= self.t
     def synchronize(self): self.sync()
 
-# %% ../nbs/00_recorder.ipynb #0fe3035d
+# %% ../nbs/00_recorder.ipynb #917b8841
 class EventRecorder(Recorder):
     "A `Recorder` that also records a device event at every boundary through `timer` and resolves them lazily"
     def __init__(self, timer, warmup:int=1, clock:Callable[[], float]=time.perf_counter, keep_raw:bool=True, chunk:int=4096,
@@ -399,18 +405,18 @@ class EventRecorder(Recorder):
         super().draw()
         self._draw_ev = self.timer.record()
 
-    def start_batch(self):
+    def start_batch(self, samples:float=_NAN):
         ev = self.timer.record()
         d, self._draw_ev = self._draw_ev, None
         self._end_ev = ev if d is None else d
-        super().start_batch()
+        super().start_batch(samples)
         self._ev[DRAW], self._ev[BATCH] = self._end_ev, ev
 
     def mark(self, slot:int):
         super().mark(slot)
         self._ev[slot] = self.timer.record()
 
-    def end_batch(self, samples:float=_NAN):
+    def end_batch(self, samples:float|None=None):
         super().end_batch(samples)
         self._ev[DONE] = self.timer.record()
 
@@ -455,7 +461,7 @@ class EventRecorder(Recorder):
 
     def nbytes(self): return super().nbytes() + sum(tb.nbytes() for tb in self.device.values())
 
-# %% ../nbs/00_recorder.ipynb #e57f68b0
+# %% ../nbs/00_recorder.ipynb #426fe0a8
 def device_view(rec:EventRecorder):
     "A recorder-like view of `rec` whose tables and spans are the device's"
     v = object.__new__(Recorder)
@@ -463,7 +469,7 @@ def device_view(rec:EventRecorder):
     v.tables, v.spans = rec.device, rec.device_spans
     return v
 
-# %% ../nbs/00_recorder.ipynb #e8be286e
+# %% ../nbs/00_recorder.ipynb #830972d4
 SYNC_MODES = ('auto', 'none', 'device', 'events')
 
 def make_recorder(sync:str='auto', device=None, warmup:int=1, keep_raw:bool=True, timer=None, sync_fn=None):

@@ -7,7 +7,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/simpleprofiler.html.md"""
 # %% auto #0
 __all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback']
 
-# %% ../nbs/03_simpleprofiler.ipynb #ec4c3639
+# %% ../nbs/03_simpleprofiler.ipynb #849de552
 import os
 from pathlib import Path
 from fastcore.basics import store_attr, patch, noop
@@ -19,7 +19,7 @@ from . import events
 from .recorder import *
 from .report import *
 
-# %% ../nbs/03_simpleprofiler.ipynb #2ef0016c
+# %% ../nbs/03_simpleprofiler.ipynb #b01f831e
 def _check_bool(name, v):
     if not isinstance(v, bool): raise ValueError(f'`{name}` must be True or False, got {v!r}')
 
@@ -33,7 +33,7 @@ def _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callbac
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f'`warmup` must be an integer >= 0 (leading batches per epoch left out of the statistics), got {warmup!r}')
 
-# %% ../nbs/03_simpleprofiler.ipynb #c46038b1
+# %% ../nbs/03_simpleprofiler.ipynb #cbbb49d6
 def _model_device(learn):
     "The device of `learn.model`'s first parameter (CPU for a model without any)"
     p = next(iter(learn.model.parameters()), None)
@@ -53,11 +53,12 @@ class _FastMiss:
         if k.startswith(('before_', 'after_')): raise AttributeError(k)
         return super().__getattr__(k)
 
-# %% ../nbs/03_simpleprofiler.ipynb #f783d0b5
+# %% ../nbs/03_simpleprofiler.ipynb #ead28941
 class SimpleProfilerCallback(_FastMiss, Callback):
     "Profiles a fit with `SimpleProfilerPostCallback`; `show_report`, `save_csv` to `csv_name` after fit"
     order,remove_on_fetch = -1000,True
     _draw = _start_batch = _mark = _cancel = staticmethod(noop)  # bound to the recorder while a fit is recorded
+    _count = False
     def __init__(self,
         show_report:bool=True, # Display the formatted report after fit
         plain:bool=False, # In a notebook, display the report as plain text instead of a styled table
@@ -79,7 +80,7 @@ class SimpleProfilerCallback(_FastMiss, Callback):
             return
         if self._post() is None: raise ValueError('SimpleProfilerCallback needs SimpleProfilerPostCallback: attach both with `learn.profile()`')
         rec, self._mode, self._note = make_recorder(self.sync, _model_device(self.learn), self.warmup, self.keep_raw)
-        self._rec = rec
+        self._rec, self._count = rec, self._post().samples_per_second
         self._draw, self._start_batch, self._mark, self._cancel = rec.draw, rec.start_batch, rec.mark, rec.cancel
         rec.start(Step.FIT)
 
@@ -88,7 +89,7 @@ class SimpleProfilerCallback(_FastMiss, Callback):
     def before_train(self): self._rec.begin_phase(Phase.TRAIN)
     def before_validate(self): self._rec.begin_phase(Phase.VALID)
     def before_draw(self): self._draw()
-    def before_batch(self): self._start_batch()
+    def before_batch(self): self._start_batch(_batch_size(self.learn)) if self._count else self._start_batch()
     def before_backward(self): self._mark(BACKWARD)
     def before_step(self): self._mark(STEP)
     def after_batch(self): self._mark(ZEROED)
@@ -100,7 +101,7 @@ class SimpleProfilerCallback(_FastMiss, Callback):
     def after_cancel_epoch(self): self._cancel()
     def after_cancel_fit(self): self._cancel()
 
-# %% ../nbs/03_simpleprofiler.ipynb #608fad0c
+# %% ../nbs/03_simpleprofiler.ipynb #3f6a849a
 class SimpleProfilerPostCallback(_FastMiss, Callback):
     "Pair with `SimpleProfilerCallback` to profile a fit; counts samples for `samples_per_second`"
     order,remove_on_fetch = FastaiRecorder.order-1,True
@@ -121,15 +122,13 @@ class SimpleProfilerPostCallback(_FastMiss, Callback):
     def after_pred(self): self._mark(PRED)
     def after_loss(self): self._mark(LOSS)
     def after_step(self): self._mark(STEPPED)
-    def after_batch(self):
-        if not self.samples_per_second: return self._end_batch()
-        self._end_batch(_batch_size(self.learn))
+    def after_batch(self): self._end_batch()
     def after_train(self): self._rec.end_phase()
     def after_validate(self): self._rec.end_phase()
     def after_epoch(self): self._rec.stop(Step.EPOCH)
     def after_fit(self): self._rec.stop(Step.FIT)
 
-# %% ../nbs/03_simpleprofiler.ipynb #25a4e3cf
+# %% ../nbs/03_simpleprofiler.ipynb #d19af911
 @patch
 def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     "Build the results of the fit just ended (with `exc` if it raised), remove the pair, show and save the report"
@@ -155,7 +154,7 @@ def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     if self.show_report: show_report(learn.simple_profile_report, self.plain, self.markdown, title=title)
     if self.save_csv: save_results(results, Path(learn.path)/self.csv_name)
 
-# %% ../nbs/03_simpleprofiler.ipynb #0fffeb0a
+# %% ../nbs/03_simpleprofiler.ipynb #d4861c96
 @patch
 def profile(self:Learner,
     show_report:bool=True, # Display the formatted report after fit

@@ -1,0 +1,137 @@
+"Timing modes through real fastai fits, memory bounds of the recorder, and real-accelerator checks (skipped on CPU)."
+import functools, time, tracemalloc
+import numpy as np, pytest, torch
+from fastai.test_utils import synth_learner
+from fastai.callback.progress import ProgressCallback
+import fastxtend_prof.all  # noqa: F401  (Learner.profile)
+from fastxtend_prof import simpleprofiler
+from fastxtend_prof.recorder import (Recorder, EventRecorder, SyncClock, make_recorder, summarize, Phase, Step,
+                                     StepSummary, PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED, N_SLOTS)
+
+class MirrorTimer:
+    "A device timer whose events are host timestamps: runs the whole events pipeline on a CPU"
+    def __init__(self): self.queries = 0
+    def record(self): return time.perf_counter()
+    def elapsed(self, a, b): return b - a
+    def ready(self, e): self.queries += 1; return True
+    def synchronize(self): pass
+
+def use_mode(monkeypatch, mode):
+    "Make the callbacks build the recorder of `mode` on this CPU machine, through the injectable seam"
+    if mode == 'none': return None
+    timer, syncs = MirrorTimer(), []
+    kw = dict(timer=timer) if mode == 'events' else dict(sync_fn=lambda: syncs.append(1))
+    monkeypatch.setattr(simpleprofiler, 'make_recorder', functools.partial(make_recorder, **kw))
+    return timer if mode == 'events' else syncs
+
+@pytest.mark.parametrize('mode', ['none', 'device', 'events'])
+def test_modes_through_a_fit(monkeypatch, mode):
+    seam = use_mode(monkeypatch, mode)
+    learn = synth_learner(n_trn=8, n_val=2).profile(show_report=False, sync=mode)
+    learn.remove_cb(ProgressCallback)
+    with learn.no_logging(): learn.fit(2)
+    res = learn.simple_profile_results
+    assert learn.simple_profile_sync == mode
+    r = res.set_index(['Phase', 'Step'])
+    assert r.loc[('train', 'draw'), 'Number of Calls'] == 2*(8-1)
+    for phase in ('train', 'valid'):
+        top = res[(res.Phase == phase) & (res.Action == res.Step)]['Total Time'].sum()
+        assert top == pytest.approx(r.loc[('fit', phase), 'Total Time'], rel=0.01)
+    if mode == 'events':
+        assert {'Host Mean Duration', 'Host Total Time'} <= set(res.columns)
+        # mirrored events are host timestamps taken a hair apart from the host marks: both views agree closely
+        assert r.loc[('train', 'batch'), 'Total Time'] == pytest.approx(r.loc[('train', 'batch'), 'Host Total Time'], rel=0.05)
+        assert isinstance(learn.simple_profile_recorder, EventRecorder) and not learn.simple_profile_recorder._pending
+    if mode == 'device': assert len(seam) >= 2*8*9   # a synchronisation at every boundary of every batch
+
+def test_cpu_falls_back_to_host_clock_and_says_so(capsys):
+    learn = synth_learner(n_trn=4, n_val=1).profile(sync='events', plain=True)
+    learn.remove_cb(ProgressCallback)
+    with learn.no_logging(): learn.fit(1)
+    assert learn.simple_profile_sync == 'none'
+    assert "sync='none': sync='events' needs an accelerator" in capsys.readouterr().out
+
+def test_raw_rows_stay_under_100_bytes_per_batch():
+    rec = Recorder()
+    rec.start(Step.FIT); rec.start(Step.EPOCH); rec.begin_phase(Phase.TRAIN)
+    for _ in range(100_000):
+        rec.draw(); rec.start_batch()
+        for slot in (PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED): rec.mark(slot)
+        rec.end_batch(16)
+    rec.end_phase(); rec.stop(Step.EPOCH); rec.stop(Step.FIT)
+    assert rec.nbytes()/100_000 <= 100
+    tbl = rec.tables[Phase.TRAIN]
+    assert tbl.data.itemsize*len(tbl.data) == 96*100_000 and len(tbl.runs) == 1
+
+def test_summaries_stay_constant_size_for_a_million_batches():
+    rec = Recorder(keep_raw=False)
+    rec.start(Step.FIT); rec.start(Step.EPOCH); rec.begin_phase(Phase.TRAIN)
+    tracemalloc.start()
+    sizes = []
+    for i in range(1_000_000):
+        rec.draw(); rec.start_batch(); rec.end_batch(16)
+        if i % 100_000 == 0: sizes.append(tracemalloc.get_traced_memory()[0])
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    rec.end_phase(); rec.stop(Step.EPOCH); rec.stop(Step.FIT)
+    assert rec.nbytes() <= 4096*96                      # at most one chunk of rows buffered
+    assert max(sizes[1:]) - min(sizes[1:]) < 1_000_000   # no growth with the number of batches (bytes)
+    assert peak < 20_000_000
+    t = time.perf_counter(); rows = summarize(rec); t = time.perf_counter() - t
+    calls = {str(r[2]): r[3]['Number of Calls'] for r in rows if r[0] is Phase.TRAIN}
+    assert calls['draw'] == 1_000_000 - 1 and calls['warmup'] == 1
+    assert t < 1.0
+
+def test_a_million_raw_batches_summarised_in_under_a_second():
+    rec = Recorder()
+    rec.start(Step.FIT); rec.start(Step.EPOCH); rec.begin_phase(Phase.TRAIN)
+    tbl = rec.tables[Phase.TRAIN]
+    n = 1_000_000
+    t0 = np.arange(n, dtype=np.float64)*1e-3
+    m = np.full((n, N_SLOTS), np.nan)
+    for slot in range(10): m[:, slot] = t0 + slot*1e-4   # DRAW..END, one tenth of a ms apart
+    m[:, -2], m[:, -1] = 16, 0
+    tbl.data.frombytes(m.tobytes())
+    tbl.runs[-1][1] = 0.0
+    rec._phase = None; rec.spans[Step.TRAIN].append(float(m[-1, 9])); rec.spans[Step.FIT].append(float(m[-1, 9]))
+    t = time.perf_counter(); rows = summarize(rec); t = time.perf_counter() - t
+    assert t < 1.0, t
+    draw = [r[3] for r in rows if r[0] is Phase.TRAIN and r[2] is Step.DRAW][0]
+    assert draw['Number of Calls'] == n - 1 and draw['Mean Duration'] == pytest.approx(1e-4)
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device; this machine has none')
+
+@pytest.mark.gpu
+@cuda
+@pytest.mark.parametrize('sync', ['events', 'device', 'auto'])
+def test_real_gpu_modes(sync):
+    learn = synth_learner(n_trn=20, n_val=4, cuda=True).profile(show_report=False, sync=sync)
+    learn.model.cuda()
+    learn.remove_cb(ProgressCallback)
+    with learn.no_logging(): learn.fit(2)
+    res = learn.simple_profile_results
+    expected = 'events' if sync == 'auto' else sync
+    assert learn.simple_profile_sync == expected
+    r = res.set_index(['Phase', 'Step'])
+    assert r.loc[('train', 'forward'), 'Mean Duration'] > 0 and r.loc[('train', 'backward'), 'Mean Duration'] > 0
+    if expected == 'events': assert r.loc[('train', 'batch'), 'Host Total Time'] > 0
+    for phase in ('train', 'valid'):
+        top = res[(res.Phase == phase) & (res.Action == res.Step)]['Total Time'].sum()
+        assert top == pytest.approx(r.loc[('fit', phase), 'Total Time'], rel=0.02)
+
+@pytest.mark.gpu
+@cuda
+def test_events_see_queued_device_work():
+    "A forward that queues heavy GPU work returns at once on the host; events charge it to forward, not to later steps"
+    import torch.nn as nn
+    class Heavy(nn.Module):
+        def __init__(self): super().__init__(); self.lin = nn.Linear(1, 1)
+        def forward(self, x):
+            a = torch.randn(2048, 2048, device=x.device)
+            for _ in range(20): a = a @ a; a = a/a.norm()
+            return self.lin(x) + 0*a.sum()
+    learn = synth_learner(n_trn=10, n_val=2, cuda=True, model=Heavy().cuda()).profile(show_report=False, sync='events')
+    learn.remove_cb(ProgressCallback)
+    with learn.no_logging(): learn.fit(1)
+    r = learn.simple_profile_results.set_index(['Phase', 'Step'])
+    assert r.loc[('train', 'forward'), 'Mean Duration'] > 2*r.loc[('train', 'forward'), 'Host Mean Duration']
