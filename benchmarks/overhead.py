@@ -46,9 +46,11 @@ def worker(mode, batches, epochs):
             import fastxtend_prof.all  # noqa: F401
             learn.profile(show_report=False)
         elif mode == 'fastxtend':
-            from fastxtend.callback import simpleprofiler  # noqa: F401
-            learn.profile(show_report=False, logger_callback=None)
-    attach(); 
+            from fastxtend.callback.profiler import ProfileMode
+            from fastxtend.callback.utils import LogDispatch  # fastxtend's profiler needs it (its default callbacks add it)
+            if not hasattr(learn, 'log_dispatch'): learn.add_cb(LogDispatch())
+            learn.profile(mode=ProfileMode.Simple, show_report=False)
+    attach()
     with learn.no_logging(): learn.fit(1)          # warm up: first-call costs, allocator, caches
     attach()
     n = (batches//epochs)*epochs + max(1, batches//epochs//10)*epochs

@@ -7,10 +7,11 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/all.html.md"""
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/09_all.ipynb #0edade9e
+# %% ../nbs/09_all.ipynb #f33c8fd7
 from .events import *
 from .recorder import *
 from .report import *
 from .simpleprofiler import *
-from . import events as _ev, recorder as _rc, report as _rp, simpleprofiler as _sp
-__all__ = [*_ev.__all__, *_rc.__all__, *_rp.__all__, *_sp.__all__]
+from .plots import *
+from . import events as _ev, recorder as _rc, report as _rp, simpleprofiler as _sp, plots as _pl
+__all__ = [*_ev.__all__, *_rc.__all__, *_rp.__all__, *_sp.__all__, *_pl.__all__]

@@ -7,7 +7,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/simpleprofiler.html.md"""
 # %% auto #0
 __all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback']
 
-# %% ../nbs/03_simpleprofiler.ipynb #849de552
+# %% ../nbs/03_simpleprofiler.ipynb #496a246b
 import os
 from pathlib import Path
 from fastcore.basics import store_attr, patch, noop
@@ -18,22 +18,28 @@ from fastai.callback.schedule import LRFinder
 from . import events
 from .recorder import *
 from .report import *
+from .plots import save_plots, timeline_frame
 
-# %% ../nbs/03_simpleprofiler.ipynb #b01f831e
+# %% ../nbs/03_simpleprofiler.ipynb #7535a0db
 def _check_bool(name, v):
     if not isinstance(v, bool): raise ValueError(f'`{name}` must be True or False, got {v!r}')
 
-def _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup, sync, keep_raw):
-    for n, v in dict(show_report=show_report, plain=plain, markdown=markdown, save_csv=save_csv, keep_raw=keep_raw).items(): _check_bool(n, v)
+def _check_name(name, v, optional=False):
+    if optional and v is None: return
+    if not isinstance(v, (str, os.PathLike)) or not str(v).strip():
+        raise ValueError(f'`{name}` must be a non-empty file name or path{" or None" if optional else ""}, got {v!r}')
+
+def _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup, sync, keep_raw, plot, plot_name):
+    for n, v in dict(show_report=show_report, plain=plain, markdown=markdown, save_csv=save_csv, keep_raw=keep_raw, plot=plot).items(): _check_bool(n, v)
+    _check_name('plot_name', plot_name, optional=True)
     if sync not in SYNC_MODES: raise ValueError(f'`sync` must be one of {", ".join(map(repr, SYNC_MODES))}, got {sync!r}')
-    if not isinstance(csv_name, (str, os.PathLike)) or not str(csv_name).strip():
-        raise ValueError(f'`csv_name` must be a non-empty file name or path, got {csv_name!r}')
+    _check_name('csv_name', csv_name)
     if logger_callback is not None and (not isinstance(logger_callback, str) or not logger_callback.strip()):
         raise ValueError(f'`logger_callback` must be the name of a logger callback (such as \'wandb\') or None, got {logger_callback!r}')
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f'`warmup` must be an integer >= 0 (leading batches per epoch left out of the statistics), got {warmup!r}')
 
-# %% ../nbs/03_simpleprofiler.ipynb #cbbb49d6
+# %% ../nbs/03_simpleprofiler.ipynb #5c260c3c
 def _model_device(learn):
     "The device of `learn.model`'s first parameter (CPU for a model without any)"
     p = next(iter(learn.model.parameters()), None)
@@ -53,7 +59,7 @@ class _FastMiss:
         if k.startswith(('before_', 'after_')): raise AttributeError(k)
         return super().__getattr__(k)
 
-# %% ../nbs/03_simpleprofiler.ipynb #ead28941
+# %% ../nbs/03_simpleprofiler.ipynb #d3e9d5a9
 class SimpleProfilerCallback(_FastMiss, Callback):
     "Profiles a fit with `SimpleProfilerPostCallback`; `show_report`, `save_csv` to `csv_name` after fit"
     order,remove_on_fetch = -1000,True
@@ -69,8 +75,10 @@ class SimpleProfilerCallback(_FastMiss, Callback):
         warmup:int=1, # Leading batches of each train/valid loop reported apart, in the `warmup` row
         sync:str='auto', # How steps are timed on an accelerator: 'auto', 'none', 'device' or 'events'
         keep_raw:bool=True, # Keep every batch's timings; False keeps constant-size summaries (for very long runs)
+        plot:bool=False, # Save the breakdown chart to `learn.path/plot_name` after fit
+        plot_name:str|None=None, # Chart file name, relative to `learn.path` (default 'simple_profile.png'); setting it implies `plot`
     ):
-        _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup, sync, keep_raw)
+        _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup, sync, keep_raw, plot, plot_name)
         store_attr()
         self._rec, self._mode, self._note = None, None, ''
 
@@ -101,7 +109,7 @@ class SimpleProfilerCallback(_FastMiss, Callback):
     def after_cancel_epoch(self): self._cancel()
     def after_cancel_fit(self): self._cancel()
 
-# %% ../nbs/03_simpleprofiler.ipynb #3f6a849a
+# %% ../nbs/03_simpleprofiler.ipynb #7941965d
 class SimpleProfilerPostCallback(_FastMiss, Callback):
     "Pair with `SimpleProfilerCallback` to profile a fit; counts samples for `samples_per_second`"
     order,remove_on_fetch = FastaiRecorder.order-1,True
@@ -128,7 +136,7 @@ class SimpleProfilerPostCallback(_FastMiss, Callback):
     def after_epoch(self): self._rec.stop(Step.EPOCH)
     def after_fit(self): self._rec.stop(Step.FIT)
 
-# %% ../nbs/03_simpleprofiler.ipynb #d19af911
+# %% ../nbs/03_simpleprofiler.ipynb #a97e346d
 @patch
 def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     "Build the results of the fit just ended (with `exc` if it raised), remove the pair, show and save the report"
@@ -152,9 +160,15 @@ def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     title = 'Simple Profiler report' + (f' ({"; ".join(notes)})' if notes else '')
     learn.simple_profile_sync = self._mode
     if self.show_report: show_report(learn.simple_profile_report, self.plain, self.markdown, title=title)
-    if self.save_csv: save_results(results, Path(learn.path)/self.csv_name)
+    if self.save_csv: _save(save_results, results, Path(learn.path)/self.csv_name, 'CSV')
+    if self.plot or self.plot_name: save_plots(learn, self.plot_name or 'simple_profile.png')
 
-# %% ../nbs/03_simpleprofiler.ipynb #d4861c96
+def _save(fn, results, path, what):
+    "Write with `fn`, turning an OS error into one that says what could not be written where"
+    try: return fn(results, path)
+    except OSError as e: raise OSError(f'Simple Profiler: could not write the {what} results to {path}: {e}; they are still in learn.simple_profile_results') from e
+
+# %% ../nbs/03_simpleprofiler.ipynb #4392876e
 @patch
 def profile(self:Learner,
     show_report:bool=True, # Display the formatted report after fit
@@ -167,9 +181,22 @@ def profile(self:Learner,
     warmup:int=1, # Leading batches of each train/valid loop reported apart, in the `warmup` row
     sync:str='auto', # How steps are timed on an accelerator: 'auto', 'none', 'device' or 'events'
     keep_raw:bool=True, # Keep every batch's timings; False keeps constant-size summaries (for very long runs)
+    plot:bool=False, # Save the breakdown chart to `learn.path/plot_name` after fit
+    plot_name:str|None=None, # Chart file name, relative to `learn.path` (default 'simple_profile.png'); setting it implies `plot`
 ):
-    "Profile the next fit: report where each batch's time went; `show_report`, `save_csv`, `warmup`, `sync`"
-    pre = SimpleProfilerCallback(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup, sync, keep_raw)
+    "Profile the next fit: report where each batch's time went; `show_report`, `save_csv`, `warmup`, `sync`, `plot`"
+    pre = SimpleProfilerCallback(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup, sync, keep_raw,
+                                 plot, plot_name)
     post = SimpleProfilerPostCallback(samples_per_second)
     self.remove_cbs([cb for cb in self.cbs if isinstance(cb, (SimpleProfilerCallback, SimpleProfilerPostCallback))])
     return self.add_cbs([pre, post])
+
+# %% ../nbs/03_simpleprofiler.ipynb #02f7f760
+@patch
+def profile_timeline(self:Learner,
+    host:bool=False, # With `sync='events'`, the host clock's times instead of the device's
+):
+    "One row per batch of the last profiled fit: phase, epoch, iter, warmup and each step's seconds"
+    rec = getattr(self, 'simple_profile_recorder', None)
+    if rec is None: raise RuntimeError('No profile yet: call `learn.profile()` and then fit')
+    return timeline_frame(rec, host=host)

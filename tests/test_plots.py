@@ -1,0 +1,139 @@
+"""Plots: the breakdown bars and the per-batch timeline drawn from a real profiled fit, checked through the artists' data."""
+import numpy as np, pandas as pd, pytest
+from pathlib import Path
+from fastai.test_utils import synth_learner
+from fastai.callback.core import Callback, CancelStepException
+import fastxtend_prof.simpleprofiler  # noqa: F401  (adds Learner.profile)
+from fastxtend_prof.recorder import Phase
+from fastxtend_prof.plots import timeline_frame, plot_profile, plot_timeline, save_plots, SEGMENTS, BETWEEN
+from matplotlib.patches import StepPatch
+import matplotlib.pyplot as plt
+
+EPOCHS, N_TRAIN, N_VALID = 2, 10, 2  # synth_learner: 160 train, 32 valid samples, batches of 16
+
+def profiled(warmup=1, cbs=()):
+    learn = synth_learner(cbs=list(cbs)).profile(show_report=False, warmup=warmup)
+    with learn.no_bar(), learn.no_logging(): learn.fit(EPOCHS, 1e-2)
+    return learn
+
+@pytest.fixture(scope='module')
+def learn(): return profiled()
+
+def totals(learn):
+    r = learn.simple_profile_results
+    return {(p, s): t for p, s, t in zip(r.Phase, r.Step, r['Total Time'])}
+
+def bar_widths(fig):
+    return {p.get_gid(): p.get_width() for p in fig.axes[0].patches if p.get_gid()}
+
+def test_breakdown_bars_are_the_results(learn):
+    fig, t = learn.plot_profile(), totals(learn)
+    ax, w = fig.axes[0], bar_widths(fig)
+    for phase in ('train', 'valid'):
+        segs = [s for s in SEGMENTS[Phase(phase)]]
+        assert [g for g in w if g.startswith(phase + ':')] == [f'{phase}:{s}' for s in segs]
+        for s in segs:
+            if s != BETWEEN: assert w[f'{phase}:{s}'] == pytest.approx(t[(phase, s)], abs=1e-12)
+        subs = sum(t[(phase, s)] for s in segs if s in ('forward', 'predict', 'loss', 'backward', 'opt_step', 'zero_grad'))
+        assert w[f'{phase}:{BETWEEN}'] == pytest.approx(max(t[(phase, 'batch')] - subs, 0), abs=1e-12)
+        assert w[f'{phase}:{BETWEEN}'] >= 0
+        # the bar is the whole phase: its segments add up to the phase's span in the report
+        assert sum(v for g, v in w.items() if g.startswith(phase + ':')) == pytest.approx(t[('fit', phase)], abs=1e-9)
+    # segments follow each other without gaps or overlaps
+    train = [p for p in ax.patches if (p.get_gid() or '').startswith('train:')]
+    assert all(a.get_x() + a.get_width() == pytest.approx(b.get_x(), abs=1e-15) for a, b in zip(train, train[1:]))
+    # percentage labels: of the phase, on the segments wide enough to hold one
+    texts = {x.get_text() for x in ax.texts}
+    warm_pct = 100*t[('valid', 'warmup')]/t[('fit', 'valid')]
+    if w['valid:warmup'] >= 0.045*max(t[('fit', 'train')], t[('fit', 'valid')]): assert f'{warm_pct:.0f}%' in texts
+    big = max((s for s in SEGMENTS[Phase.TRAIN]), key=lambda s: w[f'train:{s}'])
+    assert f"{100*w[f'train:{big}']/t[('fit', 'train')]:.0f}%" in texts
+    legend = [x.get_text() for x in ax.get_legend().get_texts()]
+    assert legend == ['draw', 'forward / predict', 'loss', 'backward', 'opt_step', 'zero_grad', BETWEEN, 'other', 'warmup']
+    assert [x.get_text() for x in ax.get_yticklabels()] == ['train', 'valid']
+
+def test_timeline_series_are_the_batches(learn):
+    tl = timeline_frame(learn.simple_profile_recorder)
+    train = tl[tl.phase == 'train'].reset_index(drop=True)
+    assert len(train) == EPOCHS*N_TRAIN and (tl.phase == 'valid').sum() == EPOCHS*N_VALID
+    fig = learn.plot_profile_timeline()
+    ax = fig.axes[0]
+    series = [a for a in ax.patches if isinstance(a, StepPatch)]
+    assert [a.get_gid() for a in series] == [s for s in SEGMENTS[Phase.TRAIN] if s != 'warmup']
+    bottom = np.zeros(len(train))
+    for a in series:
+        d = a.get_data()
+        assert len(d.values) == len(train) and np.array_equal(d.edges, np.arange(len(train) + 1))
+        np.testing.assert_allclose(d.baseline, bottom, atol=1e-15)  # stacked on the previous step
+        if a.get_gid() != BETWEEN: np.testing.assert_allclose(d.values - bottom, train[a.get_gid()].fillna(0), atol=1e-12)
+        bottom = d.values
+    np.testing.assert_allclose(bottom, train.total, atol=1e-12)  # the stack tops out at each batch's time
+    warm = [(p.get_x(), p.get_x() + p.get_width()) for p in ax.patches if p.get_gid() == 'warmup']
+    assert warm == [(0, 1), (N_TRAIN, N_TRAIN + 1)]
+    assert [l.get_xdata()[0] for l in ax.lines if l.get_gid() == 'epoch'] == [N_TRAIN]
+    assert 'warmup' in [x.get_text() for x in ax.get_legend().get_texts()]
+
+def test_warmup_two_and_valid_timeline():
+    learn = profiled(warmup=2)
+    tl = timeline_frame(learn.simple_profile_recorder)
+    assert tl[tl.phase == 'train'].warmup.tolist() == ([True]*2 + [False]*(N_TRAIN-2))*EPOCHS
+    ax = plot_timeline(learn.simple_profile_recorder).axes[0]
+    assert [(p.get_x(), p.get_width()) for p in ax.patches if p.get_gid() == 'warmup'] == [(0, 2), (N_TRAIN, 2)]
+    valid = plot_timeline(learn.simple_profile_recorder, phase='valid').axes[0]
+    series = [a for a in valid.patches if isinstance(a, StepPatch)]
+    assert [a.get_gid() for a in series] == [s for s in SEGMENTS[Phase.VALID] if s != 'warmup']
+    assert all(len(a.get_data().values) == EPOCHS*N_VALID for a in series)
+
+class SkipOddSteps(Callback):
+    "Gradient accumulation's effect on the loop: the optimizer step of every other batch is cancelled"
+    def before_step(self):
+        if self.learn.iter % 2: raise CancelStepException()
+
+def test_cancelled_steps_still_add_up():
+    learn = profiled(cbs=[SkipOddSteps()])
+    t, w = totals(learn), bar_widths(learn.plot_profile())
+    steady_steps = EPOCHS*sum(1 for i in range(1, N_TRAIN) if i % 2 == 0)  # batch 0 of each epoch is warmup
+    assert learn.simple_profile_results.set_index(['Phase', 'Step']).loc[('train', 'opt_step'), 'Number of Calls'] == steady_steps
+    assert w['train:opt_step'] == pytest.approx(t[('train', 'opt_step')], abs=1e-12)
+    assert sum(v for g, v in w.items() if g.startswith('train:')) == pytest.approx(t[('fit', 'train')], abs=1e-9)
+    tl = timeline_frame(learn.simple_profile_recorder)
+    train = tl[tl.phase == 'train']
+    assert train.opt_step.isna().tolist() == [i % 2 == 1 for i in train.iter]
+    top = [a for a in plot_timeline(learn.simple_profile_recorder).axes[0].patches if isinstance(a, StepPatch)][-1]
+    np.testing.assert_allclose(top.get_data().values, train.total, atol=1e-12)
+
+def test_png_files(learn, tmp_path):
+    learn.plot_profile(fname=tmp_path/'a'/'b'/'breakdown.png')
+    learn.plot_profile_timeline(fname=tmp_path/'timeline.png')
+    for f in (tmp_path/'a'/'b'/'breakdown.png', tmp_path/'timeline.png'):
+        assert f.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and f.stat().st_size > 5000
+    learn.path = tmp_path
+    p = save_plots(learn, 'prof/run.png', timeline_name='prof/run_timeline.png')
+    assert p == tmp_path/'prof'/'run.png' and p.stat().st_size > 5000
+    assert (tmp_path/'prof'/'run_timeline.png').stat().st_size > 5000
+    learn.plot_profile(fname=tmp_path/'breakdown.svg')
+    assert (tmp_path/'breakdown.svg').read_text().lstrip().startswith('<?xml')
+
+def test_no_pyplot_state_and_given_axes(learn):
+    before = plt.get_fignums()
+    learn.plot_profile(); learn.plot_profile_timeline()
+    assert plt.get_fignums() == before  # nothing registered with pyplot: nothing shown, nothing leaked
+    from matplotlib.figure import Figure
+    fig = Figure(); ax1, ax2 = fig.subplots(1, 2)
+    assert plot_profile(learn.simple_profile_results, ax=ax1) is fig
+    assert plot_timeline(learn.simple_profile_recorder, ax=ax2) is fig
+    assert len(ax1.patches) > 0 and len(ax2.patches) > 0
+
+def test_clear_errors_before_profiling(tmp_path):
+    learn = synth_learner(path=tmp_path)
+    for f in (learn.plot_profile, learn.plot_profile_timeline, lambda: save_plots(learn, 'x.png')):
+        with pytest.raises(RuntimeError, match=r'learn.profile\(\)'): f()
+    assert not (tmp_path/'x.png').exists()
+    with pytest.raises(ValueError, match="'train' or 'valid'"): plot_timeline(profiled().simple_profile_recorder, phase='fit')
+
+def test_keep_raw_false():
+    learn = synth_learner().profile(show_report=False, keep_raw=False)
+    with learn.no_bar(), learn.no_logging(): learn.fit(1)
+    t, w = totals(learn), bar_widths(learn.plot_profile())  # the breakdown needs only the results
+    assert w['train:backward'] == pytest.approx(t[('train', 'backward')], abs=1e-12)
+    with pytest.raises(ValueError, match='keep_raw=True'): learn.plot_profile_timeline()
