@@ -7,11 +7,13 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/all.html.md"""
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/09_all.ipynb #f33c8fd7
+# %% ../nbs/09_all.ipynb #857e3cc2
 from .events import *
 from .recorder import *
 from .report import *
 from .simpleprofiler import *
 from .plots import *
+from .insight import Advice, advise, show_advice, learner_advice, run_context, RULES, TraceWindow, trace_config, add_trace
 from . import events as _ev, recorder as _rc, report as _rp, simpleprofiler as _sp, plots as _pl
-__all__ = [*_ev.__all__, *_rc.__all__, *_rp.__all__, *_sp.__all__, *_pl.__all__]
+__all__ = [*_ev.__all__, *_rc.__all__, *_rp.__all__, *_sp.__all__, *_pl.__all__, 'Advice', 'advise', 'show_advice', 'learner_advice',
+           'run_context', 'RULES', 'TraceWindow', 'trace_config', 'add_trace']

@@ -7,7 +7,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/cli.html.md"""
 # %% auto #0
 __all__ = ['DigitsDataset', 'digits_dls', 'digits_cnn', 'demo', 'parser', 'main']
 
-# %% ../nbs/04_cli.ipynb #5737959c
+# %% ../nbs/04_cli.ipynb #168568d7
 import argparse, sys, time
 import numpy as np, torch
 from torch import nn
@@ -17,7 +17,7 @@ from fastai.callback.schedule import *
 from .simpleprofiler import *
 from .recorder import SYNC_MODES
 
-# %% ../nbs/04_cli.ipynb #22518f32
+# %% ../nbs/04_cli.ipynb #d3bd7931
 class DigitsDataset(torch.utils.data.Dataset):
     "scikit-learn's 8x8 digits as `(image, label)` tensors; `slow_data` seconds of extra loading time per batch"
     def __init__(self, x, y, slow_data:float=0., bs:int=64): self.x, self.y, self.delay = x, y, slow_data/bs
@@ -44,20 +44,21 @@ def digits_cnn():
     return nn.Sequential(nn.Conv2d(1, 32, 3, padding=1), nn.ReLU(), nn.Conv2d(32, 64, 3, padding=1), nn.ReLU(),
                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(64*4*4, 128), nn.ReLU(), nn.Linear(128, 10))
 
-# %% ../nbs/04_cli.ipynb #44ccf386
+# %% ../nbs/04_cli.ipynb #924472b3
 def demo(epochs:int=2, bs:int=64, num_workers:int=2, slow_data:float=0., lr:float=3e-3, warmup:int=1,
-         csv:str|None=None, plot:str|None=None, sync:str='auto', progress:bool=True, show_report:bool=True):
-    "Profile `epochs` of a small CNN on scikit-learn's digits; `csv` saves the results, `plot` the breakdown chart"
+         csv:str|None=None, plot:str|None=None, sync:str='auto', trace:str|None=None, progress:bool=True, show_report:bool=True):
+    "Profile `epochs` of a small CNN on scikit-learn's digits; `csv` saves the results, `plot` the chart, `trace` a torch trace"
     dls = digits_dls(bs=bs, num_workers=num_workers, slow_data=slow_data)
     learn = Learner(dls, digits_cnn(), loss_func=nn.CrossEntropyLoss(), metrics=accuracy)
     if not progress: learn.remove_cb(ProgressCallback)
     kw = dict(save_csv=True, csv_name=Path(csv).absolute()) if csv else {}
     if plot: kw['plot_name'] = Path(plot).absolute()
+    if trace: kw['trace'] = dict(path=Path(trace).absolute())
     learn.profile(show_report=show_report, plain=True, warmup=warmup, sync=sync, **kw)
     learn.fit_one_cycle(epochs, lr)
     return learn
 
-# %% ../nbs/04_cli.ipynb #8e79c877
+# %% ../nbs/04_cli.ipynb #cf4e40ed
 def _positive_int(s):
     v = int(s)
     if v < 1: raise argparse.ArgumentTypeError(f'must be a positive integer, got {s}')
@@ -84,6 +85,8 @@ def parser():
         q.add_argument('--sync', choices=SYNC_MODES, default='auto', help="how steps are timed on an accelerator (default: auto)")
         q.add_argument('--csv', metavar='PATH', help='save the numeric results to this CSV file')
         q.add_argument('--plot', metavar='PATH', help='save the breakdown chart to this PNG file')
+        q.add_argument('--trace', metavar='PATH', nargs='?', const='profile_trace.json',
+                       help='run torch.profiler over a few train batches and write a Chrome/Perfetto trace (default: profile_trace.json)')
         q.add_argument('--no-progress', action='store_true', help="hide fastai's progress bar")
     return p
 
@@ -92,7 +95,8 @@ def main(argv=None):
     a = parser().parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     demo(epochs=a.epochs, bs=a.bs, num_workers=a.num_workers, slow_data=a.slow_data, warmup=a.warmup, csv=a.csv,
-         plot=a.plot, sync=a.sync, progress=not a.no_progress)
+         plot=a.plot, sync=a.sync, trace=a.trace, progress=not a.no_progress)
     if a.csv: print(f'results saved to {a.csv}')
     if a.plot: print(f'chart saved to {a.plot}')
+    if a.trace: print(f'trace saved to {a.trace} (open it in https://ui.perfetto.dev or chrome://tracing)')
     return 0

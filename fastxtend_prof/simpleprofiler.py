@@ -7,7 +7,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/simpleprofiler.html.md"""
 # %% auto #0
 __all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback']
 
-# %% ../nbs/03_simpleprofiler.ipynb #496a246b
+# %% ../nbs/03_simpleprofiler.ipynb #34d4d50b
 import os
 from pathlib import Path
 from fastcore.basics import store_attr, patch, noop
@@ -19,8 +19,9 @@ from . import events
 from .recorder import *
 from .report import *
 from .plots import save_plots, timeline_frame
+from .insight import trace_config, TraceWindow, add_trace, learner_advice
 
-# %% ../nbs/03_simpleprofiler.ipynb #7535a0db
+# %% ../nbs/03_simpleprofiler.ipynb #ccb8b9cb
 def _check_bool(name, v):
     if not isinstance(v, bool): raise ValueError(f'`{name}` must be True or False, got {v!r}')
 
@@ -39,7 +40,7 @@ def _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callbac
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f'`warmup` must be an integer >= 0 (leading batches per epoch left out of the statistics), got {warmup!r}')
 
-# %% ../nbs/03_simpleprofiler.ipynb #5c260c3c
+# %% ../nbs/03_simpleprofiler.ipynb #e3d66b54
 def _model_device(learn):
     "The device of `learn.model`'s first parameter (CPU for a model without any)"
     p = next(iter(learn.model.parameters()), None)
@@ -59,7 +60,7 @@ class _FastMiss:
         if k.startswith(('before_', 'after_')): raise AttributeError(k)
         return super().__getattr__(k)
 
-# %% ../nbs/03_simpleprofiler.ipynb #d3e9d5a9
+# %% ../nbs/03_simpleprofiler.ipynb #65a01488
 class SimpleProfilerCallback(_FastMiss, Callback):
     "Profiles a fit with `SimpleProfilerPostCallback`; `show_report`, `save_csv` to `csv_name` after fit"
     order,remove_on_fetch = -1000,True
@@ -77,8 +78,10 @@ class SimpleProfilerCallback(_FastMiss, Callback):
         keep_raw:bool=True, # Keep every batch's timings; False keeps constant-size summaries (for very long runs)
         plot:bool=False, # Save the breakdown chart to `learn.path/plot_name` after fit
         plot_name:str|None=None, # Chart file name, relative to `learn.path` (default 'simple_profile.png'); setting it implies `plot`
+        trace:bool|dict|None=None, # Run torch.profiler over a few train batches: True, or dict(wait=2, warmup=1, active=3, path='profile_trace.json')
     ):
         _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup, sync, keep_raw, plot, plot_name)
+        self._trace = trace_config(trace)
         store_attr()
         self._rec, self._mode, self._note = None, None, ''
 
@@ -88,6 +91,7 @@ class SimpleProfilerCallback(_FastMiss, Callback):
             return
         if self._post() is None: raise ValueError('SimpleProfilerCallback needs SimpleProfilerPostCallback: attach both with `learn.profile()`')
         rec, self._mode, self._note = make_recorder(self.sync, _model_device(self.learn), self.warmup, self.keep_raw)
+        if self._trace: add_trace(rec, TraceWindow(**{**self._trace, 'path': Path(self.learn.path)/self._trace['path']}))
         self._rec, self._count = rec, self._post().samples_per_second
         self._draw, self._start_batch, self._mark, self._cancel = rec.draw, rec.start_batch, rec.mark, rec.cancel
         rec.start(Step.FIT)
@@ -109,7 +113,7 @@ class SimpleProfilerCallback(_FastMiss, Callback):
     def after_cancel_epoch(self): self._cancel()
     def after_cancel_fit(self): self._cancel()
 
-# %% ../nbs/03_simpleprofiler.ipynb #7941965d
+# %% ../nbs/03_simpleprofiler.ipynb #98d92977
 class SimpleProfilerPostCallback(_FastMiss, Callback):
     "Pair with `SimpleProfilerCallback` to profile a fit; counts samples for `samples_per_second`"
     order,remove_on_fetch = FastaiRecorder.order-1,True
@@ -136,7 +140,7 @@ class SimpleProfilerPostCallback(_FastMiss, Callback):
     def after_epoch(self): self._rec.stop(Step.EPOCH)
     def after_fit(self): self._rec.stop(Step.FIT)
 
-# %% ../nbs/03_simpleprofiler.ipynb #a97e346d
+# %% ../nbs/03_simpleprofiler.ipynb #e495e4d5
 @patch
 def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     "Build the results of the fit just ended (with `exc` if it raised), remove the pair, show and save the report"
@@ -162,13 +166,21 @@ def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     if self.show_report: show_report(learn.simple_profile_report, self.plain, self.markdown, title=title)
     if self.save_csv: _save(save_results, results, Path(learn.path)/self.csv_name, 'CSV')
     if self.plot or self.plot_name: save_plots(learn, self.plot_name or 'simple_profile.png')
+    learner_advice(learn, results, rec, sync=self._mode, show=self.show_report)
+    _detach(rec)
+
+def _detach(rec):
+    "Drop what only a live fit needs (clock, device timer, trace window), so the record pickles with the Learner"
+    for k in ('clock', 'timer', 'window', '_rf', '_clock0', '_ev', '_pending', '_span_ev', '_run_ev', '_draw_ev', '_end_ev', '_origin'):
+        rec.__dict__.pop(k, None)
+    rec.__class__ = EventRecorder if isinstance(rec, EventRecorder) else Recorder
 
 def _save(fn, results, path, what):
     "Write with `fn`, turning an OS error into one that says what could not be written where"
     try: return fn(results, path)
     except OSError as e: raise OSError(f'Simple Profiler: could not write the {what} results to {path}: {e}; they are still in learn.simple_profile_results') from e
 
-# %% ../nbs/03_simpleprofiler.ipynb #4392876e
+# %% ../nbs/03_simpleprofiler.ipynb #4e137b45
 @patch
 def profile(self:Learner,
     show_report:bool=True, # Display the formatted report after fit
@@ -183,15 +195,16 @@ def profile(self:Learner,
     keep_raw:bool=True, # Keep every batch's timings; False keeps constant-size summaries (for very long runs)
     plot:bool=False, # Save the breakdown chart to `learn.path/plot_name` after fit
     plot_name:str|None=None, # Chart file name, relative to `learn.path` (default 'simple_profile.png'); setting it implies `plot`
+    trace:bool|dict|None=None, # Run torch.profiler over a few train batches: True, or dict(wait=2, warmup=1, active=3, path='profile_trace.json')
 ):
-    "Profile the next fit: report where each batch's time went; `show_report`, `save_csv`, `warmup`, `sync`, `plot`"
+    "Profile the next fit: report where each batch's time went, and advice; `show_report`, `save_csv`, `sync`, `plot`, `trace`"
     pre = SimpleProfilerCallback(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup, sync, keep_raw,
-                                 plot, plot_name)
+                                 plot, plot_name, trace)
     post = SimpleProfilerPostCallback(samples_per_second)
     self.remove_cbs([cb for cb in self.cbs if isinstance(cb, (SimpleProfilerCallback, SimpleProfilerPostCallback))])
     return self.add_cbs([pre, post])
 
-# %% ../nbs/03_simpleprofiler.ipynb #02f7f760
+# %% ../nbs/03_simpleprofiler.ipynb #a6b83806
 @patch
 def profile_timeline(self:Learner,
     host:bool=False, # With `sync='events'`, the host clock's times instead of the device's

@@ -25,5 +25,5 @@ def test_bad_option_exits_2(tmp_path):
 def test_help_lists_every_option(tmp_path):
     p = run('demo', '--help', cwd=tmp_path)
     assert p.returncode == 0
-    for opt in ('--epochs', '--bs', '--num-workers', '--slow-data', '--warmup', '--sync', '--csv', '--plot', '--no-progress'):
+    for opt in ('--epochs', '--bs', '--num-workers', '--slow-data', '--warmup', '--sync', '--csv', '--plot', '--trace', '--no-progress'):
         assert opt in p.stdout, opt

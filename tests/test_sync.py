@@ -41,7 +41,11 @@ def test_modes_through_a_fit(monkeypatch, mode):
         assert {'Host Mean Duration', 'Host Total Time'} <= set(res.columns)
         # mirrored events are host timestamps taken a hair apart from the host marks: both views agree closely
         assert r.loc[('train', 'batch'), 'Total Time'] == pytest.approx(r.loc[('train', 'batch'), 'Host Total Time'], rel=0.05)
-        assert isinstance(learn.simple_profile_recorder, EventRecorder) and not learn.simple_profile_recorder._pending
+        rec = learn.simple_profile_recorder
+        assert isinstance(rec, EventRecorder)
+        for phase in (Phase.TRAIN, Phase.VALID): assert rec.device[phase].n == rec.tables[phase].n   # every event resolved
+    import pickle
+    assert pickle.loads(pickle.dumps(learn)).simple_profile_results.equals(res)   # the record pickles with the Learner
     if mode == 'device': assert len(seam) >= 2*8*9   # a synchronisation at every boundary of every batch
 
 def test_cpu_falls_back_to_host_clock_and_says_so(capsys):

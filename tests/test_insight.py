@@ -1,0 +1,223 @@
+"""Insight: each rule fires on a made-up run that has its problem and stays silent on one that doesn't; real fits get the
+data-bound verdict when the data is slow and no advice when they are healthy; the trace window writes fastai's phases
+into a chrome trace during a real fit on CPU, and stops the profiler when the fit fails."""
+import json, time, warnings
+from functools import partial
+import numpy as np, pytest, torch
+from torch import nn
+from fastai.data.core import DataLoaders
+from fastai.learner import Learner
+from fastai.losses import MSELossFlat
+from fastai.callback.core import Callback
+from fastai.callback.progress import ProgressCallback  # noqa: F401  (adds the progress bar to new Learners, as users have it)
+from fastai.test_utils import synth_learner
+import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
+from fastxtend_prof import simpleprofiler
+from fastxtend_prof.recorder import Phase
+from fastxtend_prof.insight import (Advice, RULES, RANGE_NAMES, TraceWindow, add_trace, advise, data_bound, startup,
+    host_bound_opt_step, heavy_callbacks, unstable_steps, host_timing, learner_advice, run_context, synthetic_run)
+
+CTX = dict(device='cpu', sync='none', num_workers=0, pin_memory=False, persistent_workers=False, loader='fastai',
+           callbacks_in_other=['Recorder', 'ProgressCallback'], optimizer='fastai Adam', cpu_count=2)
+
+# (rule, synthetic_run kwargs that trigger it, context overrides)
+CASES = [
+    (data_bound, dict(draw=0.01), {}),
+    (startup, dict(n_batches=10, epochs=3, startup=0.1, n_valid=3), dict(num_workers=2)),
+    (host_bound_opt_step, dict(opt_step=0.006), {}),
+    (heavy_callbacks, dict(other=0.006), {}),
+    (unstable_steps, dict(slow={3: dict(other=0.06), 20: dict(draw=0.06), 45: dict(forward=0.06)}), {}),
+    (host_timing, {}, dict(device='cuda')),
+]
+
+@pytest.mark.parametrize('rule,kw,ctx', CASES, ids=[c[0].__name__ for c in CASES])
+def test_rule_fires_on_its_problem(rule, kw, ctx):
+    res, rec = synthetic_run(**kw)
+    adv = rule(res, rec, {**CTX, **ctx})
+    assert [a.rule for a in adv] == [rule.__name__]
+    a = adv[0]
+    assert a.severity in ('critical', 'warning', 'info') and a.evidence and a.suggestion and a.verdict
+    assert all(isinstance(v, (int, float, str, list, dict, tuple)) for v in a.evidence.values())
+
+@pytest.mark.parametrize('rule', RULES, ids=[r.__name__ for r in RULES])
+def test_rule_silent_on_healthy_run(rule):
+    res, rec = synthetic_run(n_batches=30, epochs=3, n_valid=5)
+    assert rule(res, rec, CTX) == []
+
+def test_no_rule_fires_on_healthy_run():
+    assert advise(*synthetic_run(n_batches=40, epochs=2, n_valid=5), CTX) == []
+
+def test_evidence_numbers():
+    a, = data_bound(*synthetic_run(draw=0.01), CTX)  # step: 10 ms draw + 10.7 ms batch + 0.5 ms other
+    assert a.severity == 'warning'
+    assert a.evidence['draw_share'] == pytest.approx(10/21.2)
+    assert a.evidence['samples_per_second'] == pytest.approx(64/21.2e-3)
+    assert a.evidence['samples_per_second_without_wait'] == pytest.approx(64/11.2e-3)
+    assert data_bound(*synthetic_run(draw=0.05), CTX)[0].severity == 'critical'
+    a, = unstable_steps(*synthetic_run(slow={3: dict(other=0.06), 20: dict(draw=0.06), 45: dict(forward=0.06)}), CTX)
+    assert a.evidence['batches'] == [3, 20, 45] and a.evidence['epoch_batch'] == [(0, 3), (0, 20), (1, 15)]
+    assert a.evidence['straggler_steps'] == {'other': 1, 'draw': 1, 'forward': 1}
+
+def test_suggestions_follow_context():
+    res, rec = synthetic_run(draw=0.01)
+    assert data_bound(res, rec, CTX)[0].suggestion.startswith('Set `num_workers` > 0')
+    s = data_bound(res, rec, {**CTX, 'num_workers': 4, 'device': 'cuda', 'loader': 'torch'})[0].suggestion
+    assert 'above 4' in s and 'pin_memory' in s and 'persistent_workers' in s
+    res, rec = synthetic_run(n_batches=10, epochs=3, startup=0.1)
+    assert 'ignores `persistent_workers`' in startup(res, rec, {**CTX, 'num_workers': 2})[0].suggestion
+    assert startup(res, rec, {**CTX, 'num_workers': 2, 'loader': 'torch'})[0].suggestion.startswith('Set `persistent_workers=True`')
+    res, rec = synthetic_run(other=0.006)
+    assert '`ProgressCallback`' in heavy_callbacks(res, rec, CTX)[0].suggestion
+
+def test_crashing_rule_is_skipped():
+    def broken(results, rec, ctx): raise ValueError('boom')
+    res, rec = synthetic_run(draw=0.01)
+    with pytest.warns(UserWarning, match='broken'):
+        adv = advise(res, rec, CTX, extra=[Advice('x', 'info', {}, 'y')], rules=[broken, data_bound])
+    assert [a.rule for a in adv] == ['data_bound', 'x']
+
+# --- real fits -----------------------------------------------------------------------------------------------------
+
+def busy(s):
+    end = time.perf_counter() + s
+    while time.perf_counter() < end: pass
+
+class SlowItems:
+    "Items that take `delay` seconds each to load"
+    def __init__(self, n, delay): self.x, self.y, self.delay = torch.randn(n, 4), torch.randn(n, 1), delay
+    def __len__(self): return len(self.x)
+    def __getitem__(self, i):
+        time.sleep(self.delay)
+        return self.x[i], self.y[i]
+
+class BusyModel(nn.Module):
+    "A linear model whose forward also spins for `t` seconds: compute dominates the step"
+    def __init__(self, t): super().__init__(); self.lin, self.t = nn.Linear(4, 1), t
+    def forward(self, x):
+        busy(self.t)
+        return self.lin(x)
+
+def fit(n_train, delay, compute, epochs, bs=16, n_valid=32):
+    torch.manual_seed(0)
+    dls = DataLoaders.from_dsets(SlowItems(n_train, delay), SlowItems(n_valid, delay), bs=bs, num_workers=0, device='cpu')
+    learn = Learner(dls, BusyModel(compute), loss_func=MSELossFlat()).profile(show_report=False)
+    with learn.no_bar(): learn.fit(epochs, 1e-3)
+    return learn
+
+def test_real_slow_data_is_data_bound():
+    learn = fit(n_train=128, delay=2e-3, compute=0, epochs=1)
+    adv = learner_advice(learn, show=False)
+    db = [a for a in adv if a.rule == 'data_bound']
+    assert db and db[0].evidence['draw_share'] > 0.5 and db[0].evidence['draw_mean_s'] > 16*2e-3
+    assert learn.profile_advice is adv
+    assert db[0].suggestion.startswith('Set `num_workers` > 0')
+
+def test_real_healthy_fit_gets_no_advice():
+    learn = fit(n_train=25*16, delay=0, compute=0.01, epochs=2)
+    assert learner_advice(learn, show=False) == []
+
+def test_run_context_reads_learner():
+    learn = synth_learner()
+    learn.dls.train.fake_l.num_workers, learn.dls.train.fake_l.pin_memory = 3, True
+    ctx = run_context(learn, sync='cuda')
+    assert (ctx['device'], ctx['sync'], ctx['num_workers'], ctx['pin_memory'], ctx['loader']) == ('cpu', 'cuda', 3, True, 'fastai')
+    assert ctx['callbacks_in_other'] == ['Recorder', 'ProgressCallback']
+    from fastai.optimizer import OptimWrapper
+    from fastai.test_utils import synth_dbunch, RegModel
+    learn = Learner(synth_dbunch(), RegModel(), loss_func=MSELossFlat(), opt_func=partial(OptimWrapper, opt=torch.optim.AdamW, foreach=True))
+    learn.create_opt()
+    assert run_context(learn)['optimizer'] == 'torch.optim.AdamW(foreach=True)'
+
+# --- the trace window ----------------------------------------------------------------------------------------------
+
+def trace_next_fits(monkeypatch, window):
+    "Make the profiler's recorder (whatever `make_recorder` builds) run `window`, as `learn.profile(trace=...)` will"
+    make = simpleprofiler.make_recorder
+    def traced(*args, **kwargs):
+        rec, mode, note = make(*args, **kwargs)
+        return add_trace(rec, window), mode, note
+    monkeypatch.setattr(simpleprofiler, 'make_recorder', traced)
+
+def test_trace_window_on_real_fit(tmp_path, monkeypatch):
+    path = tmp_path/'trace'/'profile_trace.json'
+    trace_next_fits(monkeypatch, TraceWindow(path, wait=1, warmup=1, active=2))
+    learn = synth_learner(n_trn=5).profile(show_report=False)  # 5 train batches per epoch
+    with learn.no_bar(): learn.fit(1)
+    rec = learn.simple_profile_recorder
+    tr = rec.trace_result
+    assert tr["trace_path"] == path and tr["batches"] == [2, 3] and tr["excluded_s"] > 0
+    names = {e.get('name') for e in json.loads(path.read_text())['traceEvents']}
+    train = {n for (p, _), n in RANGE_NAMES.items() if p is Phase.TRAIN}
+    assert train <= names  # draw, forward, loss, backward, opt_step, zero_grad, other
+    assert not any(n.startswith('valid/') for n in names if n)  # the window ended inside the train loop
+    assert set(tr['key_averages_by_step']) >= {'train/forward', 'train/backward', 'train/opt_step'}
+    fwd = tr['key_averages_by_step']['train/forward']
+    assert list(fwd.columns[:3]) == ['Op', 'Calls', 'Self CPU'] and (fwd['Self CPU'] >= 0).all()
+    assert fwd.Op.str.startswith('aten::').any()
+    # the profile itself is intact: every train batch recorded, phases add up
+    res = learn.simple_profile_results
+    assert rec.tables[Phase.TRAIN].n == 5
+    r = res.set_index(['Phase', 'Step'])
+    assert res[(res.Phase == 'train') & (res.Action == res.Step)]['Total Time'].sum() == pytest.approx(r.loc[('fit', 'train'), 'Total Time'])
+    # torch's matcher finds fastai's zero_grad (zeroes instead of None); its TF32 finding is dropped on CPU
+    adv = learner_advice(learn, show=False)
+    assert learn.profile_trace is tr
+    rules = {a.rule for a in adv}
+    assert 'torch_grad_zero_not_none' in rules
+    if not torch.cuda.is_available(): assert 'torch_tf32' not in rules
+    assert not torch.autograd._profiler_enabled()
+
+def test_trace_window_spanning_epochs_records_valid_loop(tmp_path, monkeypatch):
+    path = tmp_path/'t.json'
+    trace_next_fits(monkeypatch, TraceWindow(path, wait=3, warmup=0, active=3))
+    learn = synth_learner(n_trn=4).profile(show_report=False)  # 4 train batches per epoch
+    with learn.no_bar(): learn.fit(2)
+    tr = learn.simple_profile_recorder.trace_result
+    assert tr['batches'] == [3, 4, 5]
+    names = {e.get('name') for e in json.loads(path.read_text())['traceEvents']}
+    assert {'valid/draw', 'valid/predict', 'train/forward'} <= names
+
+class Boom(Callback):
+    order = 5
+    def __init__(self, at): self.at = at
+    def after_batch(self):
+        if self.training and self.iter == self.at: raise RuntimeError('boom')
+
+def test_trace_window_stops_when_fit_fails(tmp_path, monkeypatch):
+    path = tmp_path/'t.json'
+    trace_next_fits(monkeypatch, TraceWindow(path, wait=0, warmup=1, active=5))
+    learn = synth_learner(n_trn=8, cbs=Boom(3)).profile(show_report=False)
+    with pytest.raises(RuntimeError, match='boom'), learn.no_bar(): learn.fit(1)
+    assert not torch.autograd._profiler_enabled()
+    tr = learn.simple_profile_recorder.trace_result
+    assert tr['trace_path'] == path and path.exists() and tr['batches'] == [1, 2, 3]
+
+def test_trace_window_too_short_fit_warns(tmp_path):
+    w = TraceWindow(tmp_path/'t.json', wait=10)
+    for k in range(3): w.step(k)
+    with pytest.warns(UserWarning, match='recorded nothing'): res = w.finish(3)
+    assert res['trace_path'] is None and not (tmp_path/'t.json').exists()
+    assert not torch.autograd._profiler_enabled()
+
+def test_profiler_start_stop_is_kept_out_of_timings(tmp_path):
+    from fastxtend_prof.recorder import Step
+    from fastxtend_prof.insight import TracingRecorder
+    class Clock:
+        t = 0.0
+        def __call__(self): return self.t
+    clk = Clock()
+    class SlowWindow(TraceWindow):
+        def step(self, k):
+            if self.changes(k): clk.t += 10.0  # as if torch.profiler took 10 s to start or to stop
+            super().step(k)
+    rec = TracingRecorder(warmup=0, clock=clk, window=SlowWindow(tmp_path/'t.json', wait=1, warmup=0, active=1))
+    rec.start(Step.FIT); rec.begin_phase(Phase.TRAIN)
+    for _ in range(3):
+        rec.draw(); clk.t += 1; rec.start_batch(); rec.end_batch(1); clk.t += 1
+    rec.draw(); rec.end_phase(); rec.stop(Step.FIT)
+    assert rec.trace_result['excluded_s'] == 20.0  # started before batch 1, stopped before batch 2
+    assert list(rec.spans[Step.FIT]) == [6.0]
+    m = rec.tables[Phase.TRAIN].matrix()
+    from fastxtend_prof.recorder import DRAW, BATCH, DONE, END
+    assert (m[:, BATCH] - m[:, DRAW]).tolist() == [1, 1, 1] and (m[:, END] - m[:, DONE]).tolist() == [1, 1, 1]
+    assert rec.trace_result['batches'] == [1] and rec.trace_result['trace_path'] == tmp_path/'t.json'
