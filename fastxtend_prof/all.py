@@ -7,13 +7,15 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/all.html.md"""
 # %% auto #0
 __all__ = []
 
-# %% ../nbs/09_all.ipynb #857e3cc2
+# %% ../nbs/09_all.ipynb #68ee25f8
 from .events import *
 from .recorder import *
 from .report import *
 from .simpleprofiler import *
 from .plots import *
 from .insight import Advice, advise, show_advice, learner_advice, run_context, RULES, TraceWindow, trace_config, add_trace
-from . import events as _ev, recorder as _rc, report as _rp, simpleprofiler as _sp, plots as _pl
-__all__ = [*_ev.__all__, *_rc.__all__, *_rp.__all__, *_sp.__all__, *_pl.__all__, 'Advice', 'advise', 'show_advice', 'learner_advice',
-           'run_context', 'RULES', 'TraceWindow', 'trace_config', 'add_trace']
+from .loggers import *
+from .distributed import dist_info, gather_profile, GatherResult, straggler_advice
+from . import events as _ev, recorder as _rc, report as _rp, simpleprofiler as _sp, plots as _pl, loggers as _lg
+__all__ = [*_ev.__all__, *_rc.__all__, *_rp.__all__, *_sp.__all__, *_pl.__all__, *_lg.__all__, 'Advice', 'advise', 'show_advice', 'learner_advice',
+           'run_context', 'RULES', 'TraceWindow', 'trace_config', 'add_trace', 'dist_info', 'gather_profile', 'GatherResult', 'straggler_advice']
