@@ -7,14 +7,14 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/events.html.md"""
 # %% auto #0
 __all__ = ['listens_before_draw', 'all_batches', 'watch_fit', 'fit', 'install', 'uninstall']
 
-# %% ../nbs/01_events.ipynb #acdb37dd
-import functools, itertools
+# %% ../nbs/01_events.ipynb #ca624d38
+import functools, itertools, weakref
 import fastai.callback.core as _cbcore
 import fastai.learner as _learner
 from fastai.learner import Learner
 from fastai.callback.core import event, Callback
 
-# %% ../nbs/01_events.ipynb #2b83d60d
+# %% ../nbs/01_events.ipynb #96ab5cbb
 def _orig(name):
     "fastai's own `Learner.<name>`, kept on `Learner` so every copy of this module (a reload, a notebook) shares it"
     return Learner.__dict__['_fxp_originals'][name]
@@ -35,10 +35,15 @@ def all_batches(self:Learner):
         except StopIteration: break
         self.one_batch(i, b)
 
-# %% ../nbs/01_events.ipynb #c0842f4a
+# %% ../nbs/01_events.ipynb #525e4a8b
+# Learner -> stack of watcher lists. Kept off each Learner, so pickles and copies don't carry it, and on the class, so that
+# every copy of this module (a reload, this notebook) shares it.
+if '_fxp_watch' not in Learner.__dict__: Learner._fxp_watch = weakref.WeakKeyDictionary()
+_WATCH = Learner._fxp_watch
+
 def watch_fit(learn, watcher) -> bool:
     "Register `watcher.fit_ended(learn, exc)` to run when the current top-level `fit` ends; False if not in one"
-    stack = learn.__dict__.get('_fit_watch')
+    stack = _WATCH.get(learn)
     if not stack or len(stack) != 1: return False
     stack[-1].append(watcher)
     return True
@@ -52,7 +57,7 @@ def _notify(learn, watchers, exc):
 
 def fit(self:Learner, *args, **kwargs):
     "fastai's `Learner.fit`, with a watch that tells profilers when the fit ends"
-    stack = self.__dict__.setdefault('_fit_watch', [])
+    stack = _WATCH.setdefault(self, [])
     stack.append([])
     exc = None
     try: return _orig('fit')(self, *args, **kwargs)
@@ -61,10 +66,10 @@ def fit(self:Learner, *args, **kwargs):
         raise
     finally:
         watchers = stack.pop()
-        if not stack: self.__dict__.pop('_fit_watch', None)
+        if not stack: _WATCH.pop(self, None)
         _notify(self, watchers, exc)
 
-# %% ../nbs/01_events.ipynb #6fa2c020
+# %% ../nbs/01_events.ipynb #2a70c19f
 def _insert(lst, item, after):
     if item not in lst: lst.insert(lst.index(after), item) if after in lst else lst.append(item)
 

@@ -8,17 +8,17 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/recorder.html.md"""
 __all__ = ['DRAW', 'BATCH', 'PRED', 'LOSS', 'BACKWARD', 'STEP', 'STEPPED', 'ZEROED', 'DONE', 'END', 'SAMPLES', 'FLAGS', 'N_SLOTS',
            'NO_BACKWARD', 'NO_STEP', 'NO_ZERO_GRAD', 'TRAIN_STEPS', 'VALID_STEPS', 'SUB_STEPS', 'TOP_STEPS', 'SPANS',
            'host_clock', 'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step', 'BatchTable',
-           'SyncClock', 'Recorder', 'FakeClock', 'phase_intervals', 'stats', 'StepSummary', 'fold', 'summarize',
-           'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder']
+           'SyncClock', 'Recorder', 'FakeClock', 'phase_intervals', 'stats', 'StepSummary', 'fold', 'empty_runs',
+           'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder']
 
-# %% ../nbs/00_recorder.ipynb #a77c41bf
+# %% ../nbs/00_recorder.ipynb #81a04fc0
 import math, time
 from array import array
 from enum import Enum
 from typing import Callable
 import numpy as np
 
-# %% ../nbs/00_recorder.ipynb #d61cf4f5
+# %% ../nbs/00_recorder.ipynb #421143a9
 class Phase(str, Enum):
     "The three phases of a profiled fit"
     FIT='fit'; TRAIN='train'; VALID='valid'
@@ -31,13 +31,13 @@ class Step(str, Enum):
     FORWARD='forward'; PREDICT='predict'; LOSS='loss'; BACKWARD='backward'; OPT_STEP='opt_step'; ZERO_GRAD='zero_grad'
     def __str__(self): return self.value
 
-# %% ../nbs/00_recorder.ipynb #687a37d9
+# %% ../nbs/00_recorder.ipynb #48276721
 DRAW, BATCH, PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED, DONE, END, SAMPLES, FLAGS = range(12)
 N_SLOTS = 12
 NO_BACKWARD, NO_STEP, NO_ZERO_GRAD = 1, 2, 4
 _NAN = float('nan')
 
-# %% ../nbs/00_recorder.ipynb #9b643d9f
+# %% ../nbs/00_recorder.ipynb #8849ab99
 TRAIN_STEPS = (Step.DRAW, Step.BATCH, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER, Step.WARMUP)
 VALID_STEPS = (Step.DRAW, Step.BATCH, Step.PREDICT, Step.LOSS, Step.OTHER, Step.WARMUP)
 SUB_STEPS = {Step.FORWARD: (BATCH, PRED, 0), Step.PREDICT: (BATCH, PRED, 0), Step.LOSS: (PRED, LOSS, 0),
@@ -46,7 +46,7 @@ SUB_STEPS = {Step.FORWARD: (BATCH, PRED, 0), Step.PREDICT: (BATCH, PRED, 0), Ste
 TOP_STEPS = (Step.DRAW, Step.BATCH, Step.OTHER, Step.WARMUP)
 SPANS = (Step.FIT, Step.EPOCH, Step.TRAIN, Step.VALID)
 
-# %% ../nbs/00_recorder.ipynb #ed9a3c33
+# %% ../nbs/00_recorder.ipynb #96a1b9a9
 class BatchTable:
     "One phase's per-batch rows of marks in a typed array, plus the runs (one per epoch) they belong to"
     def __init__(self, steps=None): self.data, self.runs, self.steps, self.offset, self.summaries = array('d'), [], steps, 0, None
@@ -61,7 +61,7 @@ class BatchTable:
         return np.frombuffer(self.data, dtype=np.float64).reshape(-1, N_SLOTS) if self.data else np.empty((0, N_SLOTS))
     def nbytes(self): return self.data.itemsize*len(self.data)
 
-# %% ../nbs/00_recorder.ipynb #77c38037
+# %% ../nbs/00_recorder.ipynb #595593e7
 host_clock = time.perf_counter
 
 class SyncClock:
@@ -71,7 +71,7 @@ class SyncClock:
         self.sync()
         return self.clock()
 
-# %% ../nbs/00_recorder.ipynb #c51b1804
+# %% ../nbs/00_recorder.ipynb #b1b9d2ad
 class Recorder:
     "Owns a profiled fit's timing state: spans, one row of marks per batch, `warmup` leading batches per loop"
     def __init__(self,
@@ -172,7 +172,7 @@ class Recorder:
         "Bytes held by the per-batch tables"
         return sum(tb.nbytes() for tb in self.tables.values())
 
-# %% ../nbs/00_recorder.ipynb #885d8d1e
+# %% ../nbs/00_recorder.ipynb #5dc4d315
 class FakeClock:
     "A clock for tests: returns `times` in order, or advances by `step` seconds per call"
     def __init__(self, times=None, step:float=1.0): self.times, self.step, self.t = list(times or []), step, 0.0
@@ -180,7 +180,7 @@ class FakeClock:
         self.t = self.times.pop(0) if self.times else self.t + self.step
         return self.t
 
-# %% ../nbs/00_recorder.ipynb #4d33736a
+# %% ../nbs/00_recorder.ipynb #6d7a9c2d
 def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS):
     "Durations and sample counts per step of `table`'s buffered rows: `{step: (durations, samples)}`; NaN marks a step that did not run"
     m, off = table.view(), table.offset
@@ -209,7 +209,7 @@ def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS):
         out[s] = (d, samples)
     return out
 
-# %% ../nbs/00_recorder.ipynb #da10a49e
+# %% ../nbs/00_recorder.ipynb #9cc79736
 STAT_COLS = ('Mean Duration', 'Duration Std Dev', 'Median Duration', 'P90 Duration', 'P99 Duration', 'Max Duration',
              'Number of Calls', 'Samples/Second', 'Total Time')
 
@@ -228,7 +228,7 @@ def stats(durations, samples=None) -> dict:
     return dict(zip(STAT_COLS, (total/n, float(d.std(ddof=1)) if n > 1 else _NAN, float(p50), float(p90), float(p99),
                                 float(d.max()), n, sps, total)))
 
-# %% ../nbs/00_recorder.ipynb #e333ec94
+# %% ../nbs/00_recorder.ipynb #65a28da2
 BINS_PER_DECADE = 50
 EDGES = np.logspace(-9, 4, 13*BINS_PER_DECADE + 1)
 
@@ -260,17 +260,22 @@ class StepSummary:
         self.min, self.max, self.hist = min(self.min, o.min), max(self.max, o.max), self.hist + o.hist
         return self
 
-    def quantile(self, q:float) -> float:
-        "Approximate `q` quantile (0..1) from the histogram, interpolated geometrically inside the bin"
-        if not self.n: return _NAN
-        rank = q*(self.n - 1)
-        cum = np.cumsum(self.hist)
-        b = int(np.searchsorted(cum, rank, side='right'))
+    def _at(self, i:int, cum) -> float:
+        "Estimate of the `i`-th smallest duration (0-based): its bin, at its place among the bin's counts"
+        b = int(np.searchsorted(cum, i, side='right'))
         below = cum[b-1] if b else 0
         lo = EDGES[b-1] if b else EDGES[0]/10
         hi = EDGES[b] if b < len(EDGES) else EDGES[-1]*10
-        frac = (rank - below + 0.5)/self.hist[b]
-        return float(min(max(lo*(hi/lo)**frac, self.min), self.max))
+        return float(min(max(lo*(hi/lo)**((i - below + 0.5)/self.hist[b]), self.min), self.max))
+
+    def quantile(self, q:float) -> float:
+        "Approximate `q` quantile (0..1): numpy's linear interpolation between the neighbouring ranks, each read from the histogram"
+        if not self.n: return _NAN
+        rank = q*(self.n - 1)
+        i, f = int(rank), rank - int(rank)
+        cum = np.cumsum(self.hist)
+        v = self._at(i, cum)
+        return v + f*(self._at(i+1, cum) - v) if f > 0 and i+1 < self.n else v
 
     def stats(self) -> dict:
         "The same statistics as `stats`, from the summary"
@@ -280,7 +285,7 @@ class StepSummary:
         return dict(zip(STAT_COLS, (self.total/self.n, std, self.quantile(.5), self.quantile(.9), self.quantile(.99),
                                     self.max, self.n, sps, self.total)))
 
-# %% ../nbs/00_recorder.ipynb #11a8944f
+# %% ../nbs/00_recorder.ipynb #e3466733
 def fold(table:BatchTable, warmup:int):
     "Fold `table`'s buffered rows into its per-step `StepSummary`s and drop them"
     if table.summaries is None: table.summaries = {s: StepSummary() for s in table.steps}
@@ -291,20 +296,30 @@ def fold(table:BatchTable, warmup:int):
     table.data = array('d')
     return table
 
-# %% ../nbs/00_recorder.ipynb #c18b1d7e
+# %% ../nbs/00_recorder.ipynb #d36c1874
 def _row(phase, action, step, st, fit_total):
     st['Percent of Total'] = 100*st['Total Time']/fit_total if fit_total > 0 else _NAN
     return (phase, action, step, st)
 
+def empty_runs(table:BatchTable) -> np.ndarray:
+    "Durations of the runs (loops) of `table` that yielded no batch: all their time is `other`"
+    starts = [r[0] for r in table.runs] + [table.n]
+    d = [t1 - t0 for (first, t0, t1), nxt in zip(table.runs, starts[1:]) if first >= nxt and t1 == t1]
+    return np.asarray(d, dtype=np.float64)
+
 def _phase_stats(table:BatchTable, warmup:int, keep_raw:bool, samples_per_second:bool):
-    "`({step: stats}, samples)` for one phase's table"
+    "`({step: stats}, samples)` for one phase's table; a loop that ran no batch counts as one call of `other`"
+    empty = empty_runs(table)
     if keep_raw:
         ivs = phase_intervals(table, warmup, table.steps)
         samp = next(iter(ivs.values()))[1] if ivs else np.empty(0)
         if not samples_per_second: samp = np.full_like(samp, np.nan)
-        return {s: stats(d, samp) for s, (d, _) in ivs.items()}, float(np.nansum(samp)) if samples_per_second else _NAN
+        st = {s: stats(d, samp) for s, (d, _) in ivs.items()}
+        if len(empty): st[Step.OTHER] = stats(np.concatenate([ivs[Step.OTHER][0], empty]), np.concatenate([samp, np.zeros(len(empty))]))
+        return st, float(np.nansum(samp)) if samples_per_second else _NAN
     fold(table, warmup)
     st = {s: table.summaries[s].stats() for s in table.steps}
+    if len(empty): st[Step.OTHER] = StepSummary().merge(table.summaries[Step.OTHER]).update(empty, np.zeros(len(empty))).stats()
     if not samples_per_second:
         for v in st.values(): v['Samples/Second'] = _NAN
     return st, getattr(table, 'samples', 0.) if samples_per_second else _NAN
@@ -327,7 +342,7 @@ def summarize(rec:Recorder, samples_per_second:bool=True) -> list:
             rows.append(_row(phase, Step.BATCH if step in SUB_STEPS else step, step, st, fit_total))
     return rows
 
-# %% ../nbs/00_recorder.ipynb #c2be1e94
+# %% ../nbs/00_recorder.ipynb #206359f0
 class TorchEventTimer:
     "Device timer over torch events on `device` (CUDA events, or `torch.Event` for other accelerators)"
     def __init__(self, device):
@@ -356,7 +371,7 @@ class FakeDevice:
     def ready(self, e) -> bool: return e <= self.t
     def synchronize(self): self.sync()
 
-# %% ../nbs/00_recorder.ipynb #917b8841
+# %% ../nbs/00_recorder.ipynb #1aba334c
 class EventRecorder(Recorder):
     "A `Recorder` that also records a device event at every boundary through `timer` and resolves them lazily"
     def __init__(self, timer, warmup:int=1, clock:Callable[[], float]=time.perf_counter, keep_raw:bool=True, chunk:int=4096,
@@ -461,7 +476,7 @@ class EventRecorder(Recorder):
 
     def nbytes(self): return super().nbytes() + sum(tb.nbytes() for tb in self.device.values())
 
-# %% ../nbs/00_recorder.ipynb #426fe0a8
+# %% ../nbs/00_recorder.ipynb #11ea0177
 def device_view(rec:EventRecorder):
     "A recorder-like view of `rec` whose tables and spans are the device's"
     v = object.__new__(Recorder)
@@ -469,7 +484,7 @@ def device_view(rec:EventRecorder):
     v.tables, v.spans = rec.device, rec.device_spans
     return v
 
-# %% ../nbs/00_recorder.ipynb #830972d4
+# %% ../nbs/00_recorder.ipynb #5a90a9dd
 SYNC_MODES = ('auto', 'none', 'device', 'events')
 
 def make_recorder(sync:str='auto', device=None, warmup:int=1, keep_raw:bool=True, timer=None, sync_fn=None):

@@ -7,7 +7,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/simpleprofiler.html.md"""
 # %% auto #0
 __all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'profile_results']
 
-# %% ../nbs/03_simpleprofiler.ipynb #e377fb0d
+# %% ../nbs/03_simpleprofiler.ipynb #95778fc5
 import os
 from pathlib import Path
 from fastcore.basics import store_attr, patch, noop
@@ -23,7 +23,7 @@ from .insight import trace_config, TraceWindow, add_trace, learner_advice, show_
 from .distributed import gather_profile, format_merged, straggler_advice
 from .loggers import LoggerHub, check_logger_callback, check_log_every, fix_fastai_wandb
 
-# %% ../nbs/03_simpleprofiler.ipynb #547052f2
+# %% ../nbs/03_simpleprofiler.ipynb #64576ed6
 def _check_bool(name, v):
     if not isinstance(v, bool): raise ValueError(f'`{name}` must be True or False, got {v!r}')
 
@@ -45,7 +45,7 @@ def _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callbac
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f'`warmup` must be an integer >= 0 (leading batches per epoch left out of the statistics), got {warmup!r}')
 
-# %% ../nbs/03_simpleprofiler.ipynb #a7ac9b7f
+# %% ../nbs/03_simpleprofiler.ipynb #1b6fbdde
 def _model_device(learn):
     "The device of `learn.model`'s first parameter (CPU for a model without any)"
     p = next(iter(learn.model.parameters()), None)
@@ -57,6 +57,12 @@ def _batch_size(learn):
     try: return b[0].shape[0]
     except (AttributeError, IndexError, TypeError): return find_bs(b)
 
+_LIVE = ('_rec', '_draw', '_start_batch', '_mark', '_cancel', '_end_batch', '_hub', '_count')
+
+class _Idle:
+    "Stands in for the recorder while none is bound: every call does nothing"
+    def __getattr__(self, k): return noop
+
 class _FastMiss:
     "Mixin: answer fastai's per-event lookups (`training`, events not handled) directly, not via `learn` and the model"
     @property
@@ -64,13 +70,16 @@ class _FastMiss:
     def __getattr__(self, k):
         if k.startswith(('before_', 'after_')): raise AttributeError(k)
         return super().__getattr__(k)
+    def __getstate__(self):
+        "Pickle (or copy) without the live recording of a fit in progress: the copy starts idle"
+        return {k: v for k, v in self.__dict__.items() if k not in _LIVE}
 
-# %% ../nbs/03_simpleprofiler.ipynb #d83cc846
+# %% ../nbs/03_simpleprofiler.ipynb #214450cb
 class SimpleProfilerCallback(_FastMiss, Callback):
     "Profiles a fit with `SimpleProfilerPostCallback`; `show_report`, `save_csv` to `csv_name` after fit"
     order,remove_on_fetch = -1000,True
     _draw = _start_batch = _mark = _cancel = staticmethod(noop)  # bound to the recorder while a fit is recorded
-    _count, _hub = False, None
+    _count, _hub, _rec = False, None, None
     def __init__(self,
         show_report:bool=True, # Display the formatted report after fit
         plain:bool=False, # In a notebook, display the report as plain text instead of a styled table
@@ -103,10 +112,12 @@ class SimpleProfilerCallback(_FastMiss, Callback):
         if self._post() is None: raise ValueError('SimpleProfilerCallback needs SimpleProfilerPostCallback: attach both with `learn.profile()`')
         rec, self._mode, self._note = make_recorder(self.sync, _model_device(self.learn), self.warmup, self.keep_raw)
         if self._trace: add_trace(rec, TraceWindow(**{**self._trace, 'path': Path(self.learn.path)/self._trace['path']}))
-        self._rec, self._count = rec, self._post().samples_per_second
+        post = self._post()
+        self._rec, self._count = rec, post.samples_per_second
         self._draw, self._start_batch, self._mark, self._cancel = rec.draw, rec.start_batch, rec.mark, rec.cancel
         rec.start(Step.FIT)
         self._hub = LoggerHub.create(self.learn, self.logger_callback, self.log_every)
+        post._rec, post._mark, post._end_batch, post._hub = rec, rec.mark, rec.end_batch, self._hub  # bound even if its before_fit is skipped
 
     def _post(self): return next((cb for cb in self.learn.cbs if isinstance(cb, SimpleProfilerPostCallback)), None)
     def before_epoch(self): self._rec.start(Step.EPOCH)
@@ -125,12 +136,12 @@ class SimpleProfilerCallback(_FastMiss, Callback):
     def after_cancel_epoch(self): self._cancel()
     def after_cancel_fit(self): self._cancel()
 
-# %% ../nbs/03_simpleprofiler.ipynb #c1395518
+# %% ../nbs/03_simpleprofiler.ipynb #fe950dca
 class SimpleProfilerPostCallback(_FastMiss, Callback):
     "Pair with `SimpleProfilerCallback` to profile a fit; counts samples for `samples_per_second`"
     order,remove_on_fetch = FastaiRecorder.order-1,True
     _mark = _end_batch = staticmethod(noop)
-    _hub = None
+    _hub, _rec = None, _Idle()
     def __init__(self,
         samples_per_second:bool=True, # Count samples per batch to report samples/second
     ):
@@ -140,9 +151,7 @@ class SimpleProfilerPostCallback(_FastMiss, Callback):
     def before_fit(self):
         pre = next((cb for cb in self.learn.cbs if isinstance(cb, SimpleProfilerCallback)), None)
         if pre is None: raise ValueError('SimpleProfilerPostCallback needs SimpleProfilerCallback: attach both with `learn.profile()`')
-        if pre._rec is None or not pre.run: self.run = False; return
-        rec = self._rec = pre._rec
-        self._mark, self._end_batch, self._hub = rec.mark, rec.end_batch, pre._hub
+        if pre._rec is None or not pre.run: self.run = False  # not recording this call; Pre bound us otherwise
 
     def after_pred(self): self._mark(PRED)
     def after_loss(self): self._mark(LOSS)
@@ -155,7 +164,7 @@ class SimpleProfilerPostCallback(_FastMiss, Callback):
     def after_epoch(self): self._rec.stop(Step.EPOCH)
     def after_fit(self): self._rec.stop(Step.FIT)
 
-# %% ../nbs/03_simpleprofiler.ipynb #c98f18ed
+# %% ../nbs/03_simpleprofiler.ipynb #c29e0fd6
 @patch
 def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     "Build the results of the fit just ended (with `exc` if it raised), remove the pair, gather ranks, show and save"
@@ -233,7 +242,7 @@ def _save(fn, results, path, what):
     try: return fn(results, path)
     except OSError as e: raise OSError(f'Simple Profiler: could not write the {what} results to {path}: {e}; they are still in learn.simple_profile_results') from e
 
-# %% ../nbs/03_simpleprofiler.ipynb #abdbeade
+# %% ../nbs/03_simpleprofiler.ipynb #26dbbce7
 @patch
 def profile(self:Learner,
     show_report:bool=True, # Display the formatted report after fit
@@ -260,7 +269,7 @@ def profile(self:Learner,
     self.remove_cbs([cb for cb in self.cbs if isinstance(cb, (SimpleProfilerCallback, SimpleProfilerPostCallback))])
     return self.add_cbs([pre, post])
 
-# %% ../nbs/03_simpleprofiler.ipynb #489bc36d
+# %% ../nbs/03_simpleprofiler.ipynb #14ce0379
 @patch
 def profile_timeline(self:Learner,
     host:bool=False, # With `sync='events'`, the host clock's times instead of the device's

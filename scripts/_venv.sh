@@ -12,4 +12,6 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PY" -m venv "$VENV"
 fi
 if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then quiet_pip install "$TORCH_SPEC"; fi
-quiet_pip install -e "$ROOT[$EXTRAS]"
+# Keep that torch: without the constraint, pip may upgrade it to satisfy a newer torchvision that fastai pulls in.
+echo "$TORCH_SPEC" > "$VENV/torch-constraint.txt"
+quiet_pip install -c "$VENV/torch-constraint.txt" -e "$ROOT[$EXTRAS]"

@@ -11,6 +11,7 @@ from fastxtend_prof.report import RESULT_COLS
 from fastxtend_prof.loggers import (KNOWN_LOGGERS, LIVE_KEYS, Logger, LoggerHub, register_logger, check_logger_callback,
                                     fastai_wandb_bug_4173)
 import fastxtend_prof.loggers as loggers
+import fastxtend_prof.simpleprofiler  # noqa: F401  (adds Learner.profile)
 
 EPOCHS, N_TRAIN = 2, 10  # synth_learner: 10 train batches of 16 an epoch, 2 valid
 
@@ -142,8 +143,12 @@ def test_unknown_names_fail_listing_the_known_ones(probe):
 def read_wandb(path, timeout=20.):
     "`({step: {key: value}}, summary)` from an offline run's `.wandb` file, once its `exit` record is written"
     deadline = time.monotonic() + timeout
+    from google.protobuf.message import DecodeError
     while True:  # wandb.finish() can return before wandb-core has written the whole file
-        history, summary, done = _read_wandb(path)
+        try: history, summary, done = _read_wandb(path)
+        except DecodeError:  # caught a record half-written: read again
+            if time.monotonic() > deadline: raise
+            history, summary, done = {}, {}, False
         if done or time.monotonic() > deadline: return history, summary
         time.sleep(0.1)
 
