@@ -2,8 +2,11 @@
 
 fastai itself spends a few hundred microseconds per step (event dispatch, autograd, batch transfer) that is real time
 of that step. So the same workload is first profiled with every wait at zero (the baseline), and the test asserts that
-each step's mean grows by the known wait: within 5% or 0.75 ms, whichever is larger."""
-import time
+each step's mean grows by the known wait: within 5% or 0.75 ms, whichever is larger.
+
+It runs in every timing mode: `sync='none'`, and `'device'` and `'events'` through the recorder's injectable seam (a
+no-op synchronisation; device events that are host timestamps), since this CPU machine has no accelerator."""
+import functools, time
 import numpy as np, pandas as pd, pytest, torch
 from torch import nn
 import torch.nn.functional as F
@@ -12,6 +15,8 @@ from fastai.learner import Learner
 from fastai.optimizer import SGD
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
+from fastxtend_prof import simpleprofiler
+from fastxtend_prof.recorder import make_recorder
 
 # Seconds each step of a batch takes, on top of the (tiny) real work.
 WAITS = dict(draw=0.015, forward=0.020, loss=0.010, backward=0.025, opt_step=0.015, zero_grad=0.010)
@@ -68,21 +73,36 @@ def make_learner():
 
 def tolerance(expected): return max(0.05*expected, 0.00075)
 
-def profiled_fit(waits):
+class MirrorTimer:
+    "Device events that are host timestamps: the whole `sync='events'` pipeline runs on a CPU"
+    def record(self): return time.perf_counter()
+    def elapsed(self, a, b): return b - a
+    def ready(self, e): return True
+    def synchronize(self): pass
+
+def profiled_fit(waits, mode):
+    "Profile the workload with `waits` in force, timing it the `mode` way (injected through the recorder seam on a CPU)"
     T.update(waits)
+    seam = {'none': {}, 'device': dict(sync_fn=lambda: None), 'events': dict(timer=MirrorTimer())}[mode]
     try:
-        learn = make_learner().profile(show_report=False)
-        with learn.no_logging(): learn.fit(EPOCHS)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(simpleprofiler, 'make_recorder', functools.partial(make_recorder, **seam))
+            learn = make_learner().profile(show_report=False, sync=mode)
+            with learn.no_logging(): learn.fit(EPOCHS)
     finally: T.update(dict.fromkeys(WAITS, 0.))
+    assert learn.simple_profile_sync == mode
     return learn.simple_profile_results
 
-@pytest.fixture(scope='module')
-def baseline():
-    torch.set_num_threads(1)
-    return profiled_fit({})
+@pytest.fixture(scope='module', params=['none', 'device', 'events'])
+def mode(request): return request.param
 
 @pytest.fixture(scope='module')
-def results(baseline): return profiled_fit(WAITS)
+def baseline(mode):
+    torch.set_num_threads(1)
+    return profiled_fit({}, mode)
+
+@pytest.fixture(scope='module')
+def results(baseline, mode): return profiled_fit(WAITS, mode)
 
 def _row(res, phase, step): return res[(res.Phase == phase) & (res.Step == step)].iloc[0]
 
@@ -90,10 +110,10 @@ def _row(res, phase, step): return res[(res.Phase == phase) & (res.Step == step)
     ('train', 'draw', 'draw'), ('train', 'forward', 'forward'), ('train', 'loss', 'loss'), ('train', 'backward', 'backward'),
     ('train', 'opt_step', 'opt_step'), ('train', 'zero_grad', 'zero_grad'),
     ('valid', 'draw', 'draw'), ('valid', 'predict', 'forward'), ('valid', 'loss', 'loss')])
-def test_step_means(baseline, results, phase, step, key):
+def test_step_means(mode, baseline, results, phase, step, key):
     r, base = _row(results, phase, step), _row(baseline, phase, step)['Mean Duration']
     added = r['Mean Duration'] - base
-    print(f'{phase:5} {step:9} wait {WAITS[key]*1e3:6.3f} ms  measured {r["Mean Duration"]*1e3:6.3f} ms - baseline {base*1e3:.3f} ms = {added*1e3:6.3f} ms')
+    print(f'sync={mode:6} {phase:5} {step:9} wait {WAITS[key]*1e3:6.3f} ms  measured {r["Mean Duration"]*1e3:6.3f} ms - baseline {base*1e3:.3f} ms = {added*1e3:6.3f} ms')
     assert abs(added - WAITS[key]) <= tolerance(WAITS[key])
     n = (N_TRAIN if phase == 'train' else N_VALID) - 1
     assert r['Number of Calls'] == EPOCHS*n
