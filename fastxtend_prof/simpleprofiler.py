@@ -7,12 +7,12 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/simpleprofiler.html.md"""
 # %% auto #0
 __all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'profile_results']
 
-# %% ../nbs/03_simpleprofiler.ipynb #95778fc5
+# %% ../nbs/03_simpleprofiler.ipynb #5bc11448
 import os
 from pathlib import Path
 from fastcore.basics import store_attr, patch, noop
 from fastai.learner import Learner, Recorder as FastaiRecorder
-from fastai.callback.core import Callback, TrainEvalCallback
+from fastai.callback.core import Callback
 from fastai.torch_core import find_bs
 from fastai.callback.schedule import LRFinder
 from . import events
@@ -23,7 +23,7 @@ from .insight import trace_config, TraceWindow, add_trace, learner_advice, show_
 from .distributed import gather_profile, format_merged, straggler_advice
 from .loggers import LoggerHub, check_logger_callback, check_log_every, fix_fastai_wandb
 
-# %% ../nbs/03_simpleprofiler.ipynb #64576ed6
+# %% ../nbs/03_simpleprofiler.ipynb #9eaa5f37
 def _check_bool(name, v):
     if not isinstance(v, bool): raise ValueError(f'`{name}` must be True or False, got {v!r}')
 
@@ -36,16 +36,15 @@ def _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callbac
                 log_every, save_json, json_name):
     for n, v in dict(show_report=show_report, plain=plain, markdown=markdown, save_csv=save_csv, keep_raw=keep_raw, plot=plot,
                      save_json=save_json).items(): _check_bool(n, v)
+    for n, v in dict(csv_name=csv_name, json_name=json_name).items(): _check_name(n, v)
     _check_name('plot_name', plot_name, optional=True)
-    _check_name('json_name', json_name)
+    check_logger_callback(logger_callback)
     check_log_every(log_every)
     if sync not in SYNC_MODES: raise ValueError(f'`sync` must be one of {", ".join(map(repr, SYNC_MODES))}, got {sync!r}')
-    _check_name('csv_name', csv_name)
-    check_logger_callback(logger_callback)
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f'`warmup` must be an integer >= 0 (leading batches per epoch left out of the statistics), got {warmup!r}')
 
-# %% ../nbs/03_simpleprofiler.ipynb #1b6fbdde
+# %% ../nbs/03_simpleprofiler.ipynb #a7ba0ce6
 def _model_device(learn):
     "The device of `learn.model`'s first parameter (CPU for a model without any)"
     p = next(iter(learn.model.parameters()), None)
@@ -74,7 +73,7 @@ class _FastMiss:
         "Pickle (or copy) without the live recording of a fit in progress: the copy starts idle"
         return {k: v for k, v in self.__dict__.items() if k not in _LIVE}
 
-# %% ../nbs/03_simpleprofiler.ipynb #214450cb
+# %% ../nbs/03_simpleprofiler.ipynb #a94f6a3b
 class SimpleProfilerCallback(_FastMiss, Callback):
     "Profiles a fit with `SimpleProfilerPostCallback`; `show_report`, `save_csv` to `csv_name` after fit"
     order,remove_on_fetch = -1000,True
@@ -109,10 +108,10 @@ class SimpleProfilerCallback(_FastMiss, Callback):
         if self._rec is not None or any(isinstance(cb, LRFinder) for cb in self.learn.cbs) or not events.watch_fit(self.learn, self):
             self.run = False  # validate/get_preds/lr_find, or a nested call: record nothing, stay attached
             return
-        if self._post() is None: raise ValueError('SimpleProfilerCallback needs SimpleProfilerPostCallback: attach both with `learn.profile()`')
+        post = self._post()
+        if post is None: raise ValueError('SimpleProfilerCallback needs SimpleProfilerPostCallback: attach both with `learn.profile()`')
         rec, self._mode, self._note = make_recorder(self.sync, _model_device(self.learn), self.warmup, self.keep_raw)
         if self._trace: add_trace(rec, TraceWindow(**{**self._trace, 'path': Path(self.learn.path)/self._trace['path']}))
-        post = self._post()
         self._rec, self._count = rec, post.samples_per_second
         self._draw, self._start_batch, self._mark, self._cancel = rec.draw, rec.start_batch, rec.mark, rec.cancel
         rec.start(Step.FIT)
@@ -136,7 +135,7 @@ class SimpleProfilerCallback(_FastMiss, Callback):
     def after_cancel_epoch(self): self._cancel()
     def after_cancel_fit(self): self._cancel()
 
-# %% ../nbs/03_simpleprofiler.ipynb #fe950dca
+# %% ../nbs/03_simpleprofiler.ipynb #4fd061b2
 class SimpleProfilerPostCallback(_FastMiss, Callback):
     "Pair with `SimpleProfilerCallback` to profile a fit; counts samples for `samples_per_second`"
     order,remove_on_fetch = FastaiRecorder.order-1,True
@@ -164,7 +163,7 @@ class SimpleProfilerPostCallback(_FastMiss, Callback):
     def after_epoch(self): self._rec.stop(Step.EPOCH)
     def after_fit(self): self._rec.stop(Step.FIT)
 
-# %% ../nbs/03_simpleprofiler.ipynb #c29e0fd6
+# %% ../nbs/03_simpleprofiler.ipynb #1fa2d5cb
 @patch
 def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     "Build the results of the fit just ended (with `exc` if it raised), remove the pair, gather ranks, show and save"
@@ -242,7 +241,7 @@ def _save(fn, results, path, what):
     try: return fn(results, path)
     except OSError as e: raise OSError(f'Simple Profiler: could not write the {what} results to {path}: {e}; they are still in learn.simple_profile_results') from e
 
-# %% ../nbs/03_simpleprofiler.ipynb #26dbbce7
+# %% ../nbs/03_simpleprofiler.ipynb #8529235d
 @patch
 def profile(self:Learner,
     show_report:bool=True, # Display the formatted report after fit
@@ -269,7 +268,7 @@ def profile(self:Learner,
     self.remove_cbs([cb for cb in self.cbs if isinstance(cb, (SimpleProfilerCallback, SimpleProfilerPostCallback))])
     return self.add_cbs([pre, post])
 
-# %% ../nbs/03_simpleprofiler.ipynb #14ce0379
+# %% ../nbs/03_simpleprofiler.ipynb #27999408
 @patch
 def profile_timeline(self:Learner,
     host:bool=False, # With `sync='events'`, the host clock's times instead of the device's
