@@ -10,38 +10,23 @@ test per batch. This measures, in one run:
    countdown on 9 batches of 10, the rolling window on the 10th) and `log_every=1` (the window every batch);
 3. end to end: seconds per train batch of a profiled fit with `logger_callback=None` and with `'auto'` and no logger
    attached, alternated in rotating order, and the same comparison between two identical configurations (A/A), which
-   is the noise floor. Until `Learner.profile` drives the hub itself, the `'auto'` fit gets a test-only callback that
-   makes the same calls, and the `None` fits get an empty callback at the same place: fastai dispatches every event to
-   every callback, and that dispatch (not the logging) is what one more callback costs.
+   is the noise floor.
 
 Usage: python benchmarks/logging_overhead.py [--batches 400] [--repeats 9]"""
-import argparse, inspect, statistics, timeit, types
+import argparse, statistics, timeit, types
 import torch
 from fastai.learner import Learner
-from fastai.callback.core import Callback
 from fastai.data.core import DataLoaders
 from fastai.callback.progress import *  # noqa: F401,F403  (no_bar)
 from fastai.optimizer import SGD
 from fastxtend_prof.recorder import Recorder, Phase, Step, PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED
-from fastxtend_prof.simpleprofiler import SimpleProfilerPostCallback
+import fastxtend_prof.simpleprofiler  # noqa: F401  (adds Learner.profile)
 from fastxtend_prof.loggers import LoggerHub, Logger, register_logger, KNOWN_LOGGERS
 
 
 def per_call(stmt, n, repeat=5):
     "Best-of-`repeat` seconds per call of `stmt` run `n` times"
     return min(timeit.repeat(stmt, number=n, repeat=repeat))/n
-
-
-class _Driver(Callback):
-    "Test-only stand-in for the profiler's own logger calls (hub made in before_fit, fed after Post each train batch)"
-    order = SimpleProfilerPostCallback.order + 0.5
-    def __init__(self, logger_callback): self.logger_callback, self.hub = logger_callback, None
-    def before_fit(self):
-        self.rec = getattr(getattr(self.learn, 'simple_profiler', None), '_rec', None)
-        self.hub = LoggerHub.create(self.learn, self.logger_callback) if self.rec is not None else None
-    def after_batch(self):
-        hub = self.hub
-        if hub is not None and self.training: hub.after_train_batch(self.learn, self.rec)
 
 
 def make_learner(n_batches, bs=8):
@@ -51,17 +36,7 @@ def make_learner(n_batches, bs=8):
     return Learner(dls, torch.nn.Linear(4, 1), loss_func=torch.nn.functional.mse_loss, opt_func=SGD, lr=1e-3)
 
 
-class _Empty(Callback):
-    "The control for `_Driver`: one more callback at the same place, doing nothing"
-    order = _Driver.order
-
-def integrated(): return 'log_every' in inspect.signature(Learner.profile).parameters
-
-def profiled(learn, logger_callback):
-    learn.remove_cbs([cb for cb in learn.cbs if isinstance(cb, (_Driver, _Empty))])
-    if integrated(): return learn.profile(show_report=False, logger_callback=logger_callback)
-    learn.profile(show_report=False)
-    return learn.add_cb(_Driver(logger_callback) if logger_callback is not None else _Empty())
+def profiled(learn, logger_callback): return learn.profile(show_report=False, logger_callback=logger_callback)
 
 
 def fit_per_batch(learn, logger_callback):
@@ -110,8 +85,6 @@ def main(batches=400, repeats=9):
     noise = [b - n for b, n in zip(t['none2'], t['none'])]
 
     us = 1e6
-    print(f'integrated into Learner.profile: {integrated()}' + ('' if integrated() else
-          " (no: 'auto' runs through a test-only callback, None through an empty one)"))
     print('1. no logger attached')
     print(f'   LoggerHub.create(learn, "auto") -> None, once per fit:        {create_s*us:8.2f} µs')
     print(f'   per-batch guard (`hub is not None`):                          {guard_s*us:8.3f} µs')

@@ -11,14 +11,14 @@ __all__ = ['DRAW', 'BATCH', 'PRED', 'LOSS', 'BACKWARD', 'STEP', 'STEPPED', 'ZERO
            'SyncClock', 'Recorder', 'FakeClock', 'phase_intervals', 'stats', 'StepSummary', 'fold', 'empty_runs',
            'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder']
 
-# %% ../nbs/00_recorder.ipynb #81a04fc0
+# %% ../nbs/00_recorder.ipynb #bc84a911
 import math, time
 from array import array
 from enum import Enum
 from typing import Callable
 import numpy as np
 
-# %% ../nbs/00_recorder.ipynb #421143a9
+# %% ../nbs/00_recorder.ipynb #1c713f1f
 class Phase(str, Enum):
     "The three phases of a profiled fit"
     FIT='fit'; TRAIN='train'; VALID='valid'
@@ -31,13 +31,13 @@ class Step(str, Enum):
     FORWARD='forward'; PREDICT='predict'; LOSS='loss'; BACKWARD='backward'; OPT_STEP='opt_step'; ZERO_GRAD='zero_grad'
     def __str__(self): return self.value
 
-# %% ../nbs/00_recorder.ipynb #48276721
+# %% ../nbs/00_recorder.ipynb #414f682a
 DRAW, BATCH, PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED, DONE, END, SAMPLES, FLAGS = range(12)
 N_SLOTS = 12
 NO_BACKWARD, NO_STEP, NO_ZERO_GRAD = 1, 2, 4
 _NAN = float('nan')
 
-# %% ../nbs/00_recorder.ipynb #8849ab99
+# %% ../nbs/00_recorder.ipynb #db3153ed
 TRAIN_STEPS = (Step.DRAW, Step.BATCH, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER, Step.WARMUP)
 VALID_STEPS = (Step.DRAW, Step.BATCH, Step.PREDICT, Step.LOSS, Step.OTHER, Step.WARMUP)
 SUB_STEPS = {Step.FORWARD: (BATCH, PRED, 0), Step.PREDICT: (BATCH, PRED, 0), Step.LOSS: (PRED, LOSS, 0),
@@ -46,7 +46,7 @@ SUB_STEPS = {Step.FORWARD: (BATCH, PRED, 0), Step.PREDICT: (BATCH, PRED, 0), Ste
 TOP_STEPS = (Step.DRAW, Step.BATCH, Step.OTHER, Step.WARMUP)
 SPANS = (Step.FIT, Step.EPOCH, Step.TRAIN, Step.VALID)
 
-# %% ../nbs/00_recorder.ipynb #96a1b9a9
+# %% ../nbs/00_recorder.ipynb #a199ead5
 class BatchTable:
     "One phase's per-batch rows of marks in a typed array, plus the runs (one per epoch) they belong to"
     def __init__(self, steps=None): self.data, self.runs, self.steps, self.offset, self.summaries = array('d'), [], steps, 0, None
@@ -61,7 +61,7 @@ class BatchTable:
         return np.frombuffer(self.data, dtype=np.float64).reshape(-1, N_SLOTS) if self.data else np.empty((0, N_SLOTS))
     def nbytes(self): return self.data.itemsize*len(self.data)
 
-# %% ../nbs/00_recorder.ipynb #595593e7
+# %% ../nbs/00_recorder.ipynb #f9d38eea
 host_clock = time.perf_counter
 
 class SyncClock:
@@ -71,7 +71,7 @@ class SyncClock:
         self.sync()
         return self.clock()
 
-# %% ../nbs/00_recorder.ipynb #b1b9d2ad
+# %% ../nbs/00_recorder.ipynb #f4a09faf
 class Recorder:
     "Owns a profiled fit's timing state: spans, one row of marks per batch, `warmup` leading batches per loop"
     def __init__(self,
@@ -168,11 +168,15 @@ class Recorder:
         self.cancel(NO_STEP|NO_ZERO_GRAD, t=t)
         self.stop(Step.FIT, t)
 
+    def open_row(self, phase:Phase):
+        "The marks of the batch in progress in `phase` (a live list: copy it to keep it), or None"
+        return self._row if self._row_open and self._phase is phase else None
+
     def nbytes(self):
         "Bytes held by the per-batch tables"
         return sum(tb.nbytes() for tb in self.tables.values())
 
-# %% ../nbs/00_recorder.ipynb #5dc4d315
+# %% ../nbs/00_recorder.ipynb #d7a91c2a
 class FakeClock:
     "A clock for tests: returns `times` in order, or advances by `step` seconds per call"
     def __init__(self, times=None, step:float=1.0): self.times, self.step, self.t = list(times or []), step, 0.0
@@ -180,7 +184,7 @@ class FakeClock:
         self.t = self.times.pop(0) if self.times else self.t + self.step
         return self.t
 
-# %% ../nbs/00_recorder.ipynb #6d7a9c2d
+# %% ../nbs/00_recorder.ipynb #77297e3b
 def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS):
     "Durations and sample counts per step of `table`'s buffered rows: `{step: (durations, samples)}`; NaN marks a step that did not run"
     m, off = table.view(), table.offset
@@ -209,7 +213,7 @@ def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS):
         out[s] = (d, samples)
     return out
 
-# %% ../nbs/00_recorder.ipynb #9cc79736
+# %% ../nbs/00_recorder.ipynb #93c647dc
 STAT_COLS = ('Mean Duration', 'Duration Std Dev', 'Median Duration', 'P90 Duration', 'P99 Duration', 'Max Duration',
              'Number of Calls', 'Samples/Second', 'Total Time')
 
@@ -228,7 +232,7 @@ def stats(durations, samples=None) -> dict:
     return dict(zip(STAT_COLS, (total/n, float(d.std(ddof=1)) if n > 1 else _NAN, float(p50), float(p90), float(p99),
                                 float(d.max()), n, sps, total)))
 
-# %% ../nbs/00_recorder.ipynb #65a28da2
+# %% ../nbs/00_recorder.ipynb #9ac34161
 BINS_PER_DECADE = 50
 EDGES = np.logspace(-9, 4, 13*BINS_PER_DECADE + 1)
 
@@ -285,7 +289,7 @@ class StepSummary:
         return dict(zip(STAT_COLS, (self.total/self.n, std, self.quantile(.5), self.quantile(.9), self.quantile(.99),
                                     self.max, self.n, sps, self.total)))
 
-# %% ../nbs/00_recorder.ipynb #e3466733
+# %% ../nbs/00_recorder.ipynb #b9f9c392
 def fold(table:BatchTable, warmup:int):
     "Fold `table`'s buffered rows into its per-step `StepSummary`s and drop them"
     if table.summaries is None: table.summaries = {s: StepSummary() for s in table.steps}
@@ -296,7 +300,7 @@ def fold(table:BatchTable, warmup:int):
     table.data = array('d')
     return table
 
-# %% ../nbs/00_recorder.ipynb #d36c1874
+# %% ../nbs/00_recorder.ipynb #13ba36c0
 def _row(phase, action, step, st, fit_total):
     st['Percent of Total'] = 100*st['Total Time']/fit_total if fit_total > 0 else _NAN
     return (phase, action, step, st)
@@ -342,7 +346,7 @@ def summarize(rec:Recorder, samples_per_second:bool=True) -> list:
             rows.append(_row(phase, Step.BATCH if step in SUB_STEPS else step, step, st, fit_total))
     return rows
 
-# %% ../nbs/00_recorder.ipynb #206359f0
+# %% ../nbs/00_recorder.ipynb #12716cd5
 class TorchEventTimer:
     "Device timer over torch events on `device` (CUDA events, or `torch.Event` for other accelerators)"
     def __init__(self, device):
@@ -371,7 +375,7 @@ class FakeDevice:
     def ready(self, e) -> bool: return e <= self.t
     def synchronize(self): self.sync()
 
-# %% ../nbs/00_recorder.ipynb #1aba334c
+# %% ../nbs/00_recorder.ipynb #0c9f082e
 class EventRecorder(Recorder):
     "A `Recorder` that also records a device event at every boundary through `timer` and resolves them lazily"
     def __init__(self, timer, warmup:int=1, clock:Callable[[], float]=time.perf_counter, keep_raw:bool=True, chunk:int=4096,
@@ -476,7 +480,7 @@ class EventRecorder(Recorder):
 
     def nbytes(self): return super().nbytes() + sum(tb.nbytes() for tb in self.device.values())
 
-# %% ../nbs/00_recorder.ipynb #11ea0177
+# %% ../nbs/00_recorder.ipynb #b4064079
 def device_view(rec:EventRecorder):
     "A recorder-like view of `rec` whose tables and spans are the device's"
     v = object.__new__(Recorder)
@@ -484,7 +488,7 @@ def device_view(rec:EventRecorder):
     v.tables, v.spans = rec.device, rec.device_spans
     return v
 
-# %% ../nbs/00_recorder.ipynb #5a90a9dd
+# %% ../nbs/00_recorder.ipynb #22305b7e
 SYNC_MODES = ('auto', 'none', 'device', 'events')
 
 def make_recorder(sync:str='auto', device=None, warmup:int=1, keep_raw:bool=True, timer=None, sync_fn=None):
