@@ -12,7 +12,7 @@ __all__ = ['SEVERITIES', 'DATA_BOUND_SHARE', 'DATA_BOUND_CRITICAL', 'DATA_BOUND_
            'heavy_callbacks', 'unstable_steps', 'host_timing', 'advise', 'show_advice', 'learner_advice',
            'trace_config', 'tidy_advice', 'TraceWindow', 'TraceMarks', 'TracingRecorder', 'add_trace']
 
-# %% ../nbs/07_insight.ipynb #d4b7fb22
+# %% ../nbs/07_insight.ipynb #db59b276
 import json, math, os, re, tempfile, time, warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +22,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 from .recorder import *
 from .report import format_duration, results_frame
 
-# %% ../nbs/07_insight.ipynb #54b615a3
+# %% ../nbs/07_insight.ipynb #2e7b40f4
 SEVERITIES = ('critical', 'warning', 'info')
 
 @dataclass
@@ -41,7 +41,7 @@ class Advice:
         head = f'[{self.severity}] {self.rule}' + (f': {self.verdict}' if self.verdict else '')
         return f'{head}\n    -> {self.suggestion}'
 
-# %% ../nbs/07_insight.ipynb #0b4aba91
+# %% ../nbs/07_insight.ipynb #d8f9ac99
 DATA_BOUND_SHARE = 0.3  # draw's share of the train loop's steady time that makes a run data-bound
 DATA_BOUND_CRITICAL = 0.6  # ... critical from this share
 DATA_BOUND_MIN_DRAW = 1e-3  # s: a shorter mean draw is not worth worker processes
@@ -56,7 +56,7 @@ UNSTABLE_RATIO = 3  # p99 step this many times the median; batches slower than t
 UNSTABLE_MIN_SHARE = 0.05  # ... when the stragglers' excess is this share of the steps' time
 UNSTABLE_MIN_BATCHES = 20  # steady batches needed for a p99
 
-# %% ../nbs/07_insight.ipynb #d2dde65b
+# %% ../nbs/07_insight.ipynb #1c107532
 class _ManualClock:
     "A clock that returns `t`, which the caller advances"
     def __init__(self): self.t = 0.0
@@ -104,7 +104,7 @@ def synthetic_run(
     rec.stop(Step.FIT)
     return results_frame(summarize(rec)), rec
 
-# %% ../nbs/07_insight.ipynb #bb4b09ab
+# %% ../nbs/07_insight.ipynb #fe3c8eaa
 def _loader_settings(dl) -> dict:
     "num_workers, pin_memory, persistent_workers and kind of a fastai or torch DataLoader `dl`"
     from fastai.data.load import DataLoader as FastaiDL
@@ -147,7 +147,7 @@ def run_context(learn, sync:str|None=None) -> dict:
     return dict(device=_device(learn), sync=sync, **_loader_settings(dl), callbacks_in_other=_callbacks_in_other(learn),
                 optimizer=_optimizer_name(learn), cpu_count=os.cpu_count())
 
-# %% ../nbs/07_insight.ipynb #18333d7f
+# %% ../nbs/07_insight.ipynb #a341e16f
 def _rows(results:pd.DataFrame, phase:str='train') -> dict:
     "`{step: row}` of `phase` in `results`, only steps that ran"
     r = results[(results.Phase == phase) & (results['Number of Calls'] > 0)]
@@ -161,10 +161,9 @@ def _ms(s): return format_duration(s)
 
 def _runs(table) -> list:
     "`(first_row, end_row, t_start)` of each run of `table` that yielded a batch"
-    ends = [r[0] for r in table.runs[1:]] + [table.n]
-    return [(first, end, t0) for (first, t0, _), end in zip(table.runs, ends) if first < end]
+    return [(first, end, t0) for first, end, t0, _ in table.run_rows() if first < end]
 
-# %% ../nbs/07_insight.ipynb #3296b6e2
+# %% ../nbs/07_insight.ipynb #1e767164
 def data_bound(results:pd.DataFrame, rec:Recorder|None, ctx:dict) -> list:
     "`draw` is at least `DATA_BOUND_SHARE` of the train loop's steady time"
     r = _rows(results)
@@ -189,7 +188,7 @@ def data_bound(results:pd.DataFrame, rec:Recorder|None, ctx:dict) -> list:
     tip = '; '.join(tips) + '.'
     return [Advice('data_bound', sev, ev, tip[0].upper() + tip[1:], verdict[0].upper() + verdict[1:] + '.')]
 
-# %% ../nbs/07_insight.ipynb #17e6ba32
+# %% ../nbs/07_insight.ipynb #744aa07a
 def _startups(rec, phase, steps):
     "Start-up seconds of the runs of `phase` after the fit's first (those whose rows are kept), and the median steady draw"
     tb = rec.tables[phase]
@@ -225,7 +224,7 @@ def startup(results:pd.DataFrame, rec:Recorder|None, ctx:dict) -> list:
     else: tip = 'set `persistent_workers=True` so worker processes start once, not every epoch.'
     return [Advice('startup', 'warning', ev, tip[0].upper() + tip[1:], verdict)]
 
-# %% ../nbs/07_insight.ipynb #fa828e50
+# %% ../nbs/07_insight.ipynb #6d93be5f
 def host_bound_opt_step(results:pd.DataFrame, rec:Recorder|None, ctx:dict) -> list:
     "`opt_step` is at least `OPT_STEP_RATIO` of forward + backward and `OPT_STEP_MIN_SHARE` of the step"
     r = _rows(results)
@@ -244,7 +243,7 @@ def host_bound_opt_step(results:pd.DataFrame, rec:Recorder|None, ctx:dict) -> li
                + (f' ({name})' if name else '') + '.')
     return [Advice('host_bound_opt_step', 'warning', ev, tip[0].upper() + tip[1:], verdict)]
 
-# %% ../nbs/07_insight.ipynb #877b1be2
+# %% ../nbs/07_insight.ipynb #1b5d964d
 def heavy_callbacks(results:pd.DataFrame, rec:Recorder|None, ctx:dict) -> list:
     "The median `other` is at least `OTHER_SHARE` of the median train step and `OTHER_MIN` seconds"
     r = _rows(results)
@@ -260,7 +259,7 @@ def heavy_callbacks(results:pd.DataFrame, rec:Recorder|None, ctx:dict) -> list:
     verdict = f'Callbacks and logging after each batch take {_ms(other)}, {other/step:.0%} of a median train step.'
     return [Advice('heavy_callbacks', 'warning', ev, tip[0].upper() + tip[1:], verdict)]
 
-# %% ../nbs/07_insight.ipynb #1d326e32
+# %% ../nbs/07_insight.ipynb #772cf3ed
 _BATCH_STEPS = (Step.DRAW, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER)
 
 def _traced(rec) -> list:
@@ -304,7 +303,7 @@ def unstable_steps(results:pd.DataFrame, rec:Recorder|None, ctx:dict) -> list:
                         'try `gc.freeze()` after building the model and check what else runs.')
     return [Advice('unstable_steps', 'warning', ev, tip[0].upper() + tip[1:], verdict)]
 
-# %% ../nbs/07_insight.ipynb #6b434345
+# %% ../nbs/07_insight.ipynb #fb6d8471
 def host_timing(results:pd.DataFrame, rec:Recorder|None, ctx:dict) -> list:
     "The model runs on an accelerator and the profile was taken with `sync='none'`"
     dev, sync = ctx.get('device'), ctx.get('sync', 'none')
@@ -314,7 +313,7 @@ def host_timing(results:pd.DataFrame, rec:Recorder|None, ctx:dict) -> list:
     return [Advice('host_timing', 'info', dict(device=dev, sync=sync),
                    'Profile again with a device-synchronised clock (a `sync` mode other than \'none\') to see where the GPU spends its time.', verdict)]
 
-# %% ../nbs/07_insight.ipynb #60d03a33
+# %% ../nbs/07_insight.ipynb #c3ed9c9f
 RULES = [data_bound, startup, host_bound_opt_step, heavy_callbacks, unstable_steps, host_timing]
 
 def advise(results:pd.DataFrame, # `learn.simple_profile_results`
@@ -336,7 +335,7 @@ def show_advice(advice:list, title:str='Advice'):
     if not advice: return print(f'{title}: no bottleneck found.')
     print('\n'.join([f'{title}:'] + [str(a) for a in advice]))
 
-# %% ../nbs/07_insight.ipynb #851fa2f7
+# %% ../nbs/07_insight.ipynb #93f43d2c
 def learner_advice(learn, # A Learner after a profiled fit
                    results:pd.DataFrame|None=None, # Default `learn.simple_profile_results`
                    rec:Recorder|None=None, # Default `learn.simple_profile_recorder`
@@ -353,7 +352,7 @@ def learner_advice(learn, # A Learner after a profiled fit
     if show: show_advice(learn.profile_advice)
     return learn.profile_advice
 
-# %% ../nbs/07_insight.ipynb #2a716df7
+# %% ../nbs/07_insight.ipynb #54d57c3b
 TRACE_NAME = 'profile_trace.json'
 TRACE_DEFAULTS = dict(wait=2, warmup=1, active=3)
 TOP_OPS = 15
@@ -375,7 +374,7 @@ def trace_config(trace) -> dict|None:
         raise ValueError(f"`trace['path']` must be a file name or path, got {cfg['path']!r}")
     return cfg
 
-# %% ../nbs/07_insight.ipynb #a8d17f65
+# %% ../nbs/07_insight.ipynb #28293eed
 RANGE_NAMES = {(p, s): f'{p}/{s}' for p, steps in ((Phase.TRAIN, TRAIN_STEPS), (Phase.VALID, VALID_STEPS))
                for s in steps if s not in (Step.BATCH, Step.WARMUP)}
 
@@ -437,7 +436,7 @@ def _anti_patterns(prof) -> list:
         p = Path(d)/'torchtidy_report.json'
         return tidy_advice(json.loads(p.read_text()) if p.exists() else {})
 
-# %% ../nbs/07_insight.ipynb #ae673975
+# %% ../nbs/07_insight.ipynb #bb12fadc
 class TraceWindow:
     "Runs `torch.profiler` over train batches `wait+warmup` to `wait+warmup+active-1` and writes a chrome trace to `path`"
     def __init__(self,
@@ -528,7 +527,7 @@ class TraceWindow:
         self.prof.export_chrome_trace(str(self.path))
         return self.path
 
-# %% ../nbs/07_insight.ipynb #efa50d80
+# %% ../nbs/07_insight.ipynb #42eeb366
 _RANGE_AT = {PRED: Step.LOSS, LOSS: None, BACKWARD: Step.BACKWARD, STEP: Step.OPT_STEP, STEPPED: Step.ZERO_GRAD, ZEROED: None}
 
 class TraceMarks:
