@@ -10,20 +10,20 @@ __all__ = ['LIVE_STEPS', 'SPS_KEYS', 'DURATION_KEYS', 'LIVE_KEYS', 'KNOWN_LOGGER
            'fastai_wandb_bug_4173', 'fix_fastai_wandb', 'WandbLogger', 'TensorBoardLogger', 'attached_callback',
            'LoggerHub']
 
-# %% ../nbs/05_loggers.ipynb #42010a22
+# %% ../nbs/05_loggers.ipynb #f29682a0
 import math, os, sys, warnings
 from typing import Callable, NamedTuple
 import numpy as np, pandas as pd
 from .recorder import *
 from .report import report_markdown
 
-# %% ../nbs/05_loggers.ipynb #a819940d
+# %% ../nbs/05_loggers.ipynb #980c59ee
 LIVE_STEPS = (Step.DRAW, Step.BATCH, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP)
 SPS_KEYS = {s: f'samples_per_second/train_{s}' for s in LIVE_STEPS}
 DURATION_KEYS = {s: f'duration/train_{s}' for s in LIVE_STEPS}
 LIVE_KEYS = tuple(SPS_KEYS.values()) + tuple(DURATION_KEYS.values())
 
-# %% ../nbs/05_loggers.ipynb #0e822749
+# %% ../nbs/05_loggers.ipynb #5b03b1df
 _LIVE_SPANS = {Step.DRAW: (DRAW, BATCH, 0), Step.BATCH: (BATCH, DONE, 0), **{s: SUB_STEPS[s] for s in LIVE_STEPS[2:]}}
 _STARTS, _ENDS, _FLAGS = (np.array(c) for c in zip(*_LIVE_SPANS.values()))
 
@@ -37,8 +37,7 @@ def train_window(rec:Recorder, n:int):
     if cur: rows = np.vstack([rows, row])
     idx = np.arange(tb.n - k, tb.n + cur)
     if not len(idx) or not tb.runs: return rows, np.zeros(len(idx), dtype=bool)
-    starts = np.array([r[0] for r in tb.runs])
-    return rows, idx - starts[np.searchsorted(starts, idx, side='right') - 1] < rec.warmup
+    return rows, tb.positions(idx)[1] < rec.warmup
 
 def live_values(rec:Recorder, n:int=10) -> dict:
     "Rolling means over the last `n` train batches of `rec`, warmup left out: `{key: float}` with keys from `LIVE_KEYS`"
@@ -55,7 +54,7 @@ def live_values(rec:Recorder, n:int=10) -> dict:
         if total[i] > 0 and not math.isnan(samples[i]): out[SPS_KEYS[s]] = float(samples[i]/total[i])
     return out
 
-# %% ../nbs/05_loggers.ipynb #7e44a38f
+# %% ../nbs/05_loggers.ipynb #9020f354
 class Logger:
     "A profile logger paired with the fastai callback `cb`: `live` every `log_every` train batches, `after_fit` once"
     name = cb_name = None  # registry name; attribute of the paired fastai callback (`learn.<cb_name>`)
@@ -87,7 +86,7 @@ def register_logger(
     KNOWN_LOGGERS[name] = entry = LoggerEntry(name, cb_name, logger)
     return entry
 
-# %% ../nbs/05_loggers.ipynb #32205806
+# %% ../nbs/05_loggers.ipynb #6f19e3b2
 def _lookup(n):
     if n in KNOWN_LOGGERS: return n
     return next((e.name for e in KNOWN_LOGGERS.values() if e.cb_name == n), None)
@@ -114,7 +113,7 @@ def check_log_every(log_every:int=10) -> int:
         raise ValueError(f'`log_every` must be an integer >= 1 (train batches per live log), got {log_every!r}')
     return log_every
 
-# %% ../nbs/05_loggers.ipynb #e26528de
+# %% ../nbs/05_loggers.ipynb #f1e1046b
 def summary_values(results:pd.DataFrame) -> dict:
     "`profile/{phase}/{step}_mean_s` and `..._samples_per_s` for every row of `results`, NaN left out"
     out = {}
@@ -123,7 +122,7 @@ def summary_values(results:pd.DataFrame) -> dict:
         if sps == sps: out[f'profile/{p}/{s}_samples_per_s'] = float(sps)
     return out
 
-# %% ../nbs/05_loggers.ipynb #cd7e25da
+# %% ../nbs/05_loggers.ipynb #adadbb9e
 def fastai_wandb_bug_4173(mod=None) -> bool:
     "True if `mod` (default: the imported `fastai.callback.wandb`) fails to format plain config values (fastai #4173)"
     mod = mod if mod is not None else sys.modules.get('fastai.callback.wandb')
@@ -145,7 +144,7 @@ def fix_fastai_wandb(mod=None) -> bool:
     mod._format_config_value = _format_config_value
     return True
 
-# %% ../nbs/05_loggers.ipynb #9571d418
+# %% ../nbs/05_loggers.ipynb #130ae5fb
 class WandbLogger(Logger):
     "Live values at `WandbCallback`'s step; after fit the report and results as wandb Tables and `profile/...` summary values"
     name,cb_name = 'wandb','wandb'
@@ -164,7 +163,7 @@ class WandbLogger(Logger):
         wandb.log({'simple_profile_report': wandb.Table(dataframe=report), 'simple_profile_results': wandb.Table(dataframe=results)})
         wandb.run.summary.update(summary_values(results))
 
-# %% ../nbs/05_loggers.ipynb #ad90bf0c
+# %% ../nbs/05_loggers.ipynb #d36c5040
 class TensorBoardLogger(Logger):
     "Live values at `TensorBoardCallback`'s step (`learn.train_iter`); after fit the report as markdown text"
     name,cb_name = 'tensorboard','tensor_board'
@@ -179,10 +178,10 @@ class TensorBoardLogger(Logger):
         w.add_text('simple_profile_report', f'**Simple Profiler report**\n\n{report_markdown(report)}', learn.train_iter)
         w.close() if closed else w.flush()
 
-# %% ../nbs/05_loggers.ipynb #651fa4a3
+# %% ../nbs/05_loggers.ipynb #fc1510a2
 for _name, _logger in (('wandb', WandbLogger), ('tensorboard', TensorBoardLogger)): register_logger(_name, _logger)
 
-# %% ../nbs/05_loggers.ipynb #e1c84305
+# %% ../nbs/05_loggers.ipynb #2d6f141e
 def attached_callback(learn, cb_name:str):
     "The callback `learn.<cb_name>` if it is attached to `learn`, else None"
     cb = getattr(learn, cb_name, None)

@@ -8,7 +8,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/plots.html.md"""
 __all__ = ['TIMELINE_STEPS', 'TIMELINE_COLS', 'BETWEEN', 'SEGMENTS', 'SEGMENT_COLORS', 'timeline_frame', 'plot_profile',
            'plot_timeline', 'save_plots']
 
-# %% ../nbs/08_plots.ipynb #bbf3af36
+# %% ../nbs/08_plots.ipynb #26f5b98f
 from pathlib import Path
 import numpy as np, pandas as pd
 from fastcore.basics import patch
@@ -16,7 +16,7 @@ from fastai.learner import Learner
 from .recorder import *
 from .report import format_duration
 
-# %% ../nbs/08_plots.ipynb #42fe4125
+# %% ../nbs/08_plots.ipynb #eaf7da4f
 def _new_axes(ax, figsize):
     "`ax`'s figure and `ax`, or a new figure of `figsize` with one axes"
     if ax is not None: return ax.figure, ax
@@ -37,16 +37,14 @@ def _save(fig, fname, dpi:int=150) -> Path:
     fig.savefig(path, dpi=dpi, format=path.suffix[1:] or 'png')
     return path
 
-# %% ../nbs/08_plots.ipynb #187381eb
+# %% ../nbs/08_plots.ipynb #c482384e
 TIMELINE_STEPS = (Step.DRAW, Step.FORWARD, Step.PREDICT, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.BATCH, Step.OTHER)
 TIMELINE_COLS = ('phase', 'epoch', 'iter', 'warmup', 'start', 'samples') + tuple(map(str, TIMELINE_STEPS)) + ('total',)
 
 def _phase_frame(rec, phase, steps, origin):
     tb = rec.tables[phase]
-    m, first = tb.matrix(), np.array([r[0] for r in tb.runs])
-    rows = tb.offset + np.arange(len(m))  # row numbers in the fit: with keep_raw=False earlier rows were folded away
-    epoch = np.searchsorted(first, rows, side='right') - 1  # an empty loop shares its `first` with the next
-    it = rows - first[epoch]
+    m = tb.matrix()
+    epoch, it = tb.positions(tb.offset + np.arange(len(m)))  # with keep_raw=False earlier rows were folded away
     ivs = phase_intervals(tb, 0, [s for s in steps if s is not Step.WARMUP])  # warmup=0: every batch's own times
     cols = {str(s): d for s, (d, _) in ivs.items()}
     total = cols['draw'] + cols['batch'] + cols['other']
@@ -68,7 +66,7 @@ def timeline_frame(rec:Recorder, # The recorder of a profiled fit: `learn.simple
     df = pd.concat(parts, ignore_index=True).reindex(columns=list(TIMELINE_COLS))
     return df.sort_values('start', kind='stable', ignore_index=True)
 
-# %% ../nbs/08_plots.ipynb #e87982ba
+# %% ../nbs/08_plots.ipynb #099f2d07
 BETWEEN = 'between steps'
 SEGMENTS = {Phase.TRAIN: ('draw', 'forward', 'loss', 'backward', 'opt_step', 'zero_grad', BETWEEN, 'other', 'warmup'),
             Phase.VALID: ('draw', 'predict', 'loss', BETWEEN, 'other', 'warmup')}
@@ -84,7 +82,7 @@ def _segments(times:dict, phase) -> dict:
     out[BETWEEN] = np.clip(rest, 0, None)  # float noise of a difference of equal sums
     return {s: out[s] for s in SEGMENTS[Phase(phase)]}
 
-# %% ../nbs/08_plots.ipynb #065946bb
+# %% ../nbs/08_plots.ipynb #24fc1916
 def _phase_times(results, phase):
     rows = results[results.Phase == str(phase)]
     return dict(zip(rows.Step, rows['Total Time'].astype(float)))
@@ -125,7 +123,7 @@ def plot_profile(results:pd.DataFrame, # `learn.simple_profile_results`
     if fname is not None: _save(fig, fname)
     return fig
 
-# %% ../nbs/08_plots.ipynb #139fbe00
+# %% ../nbs/08_plots.ipynb #15101a14
 def plot_timeline(rec:Recorder, # The recorder of a profiled fit: `learn.simple_profile_recorder`
                   ax=None, # A matplotlib axes to draw on; a new figure when None
                   fname:str|Path|None=None, # Save the figure to this file (PNG unless its suffix says otherwise)
@@ -170,7 +168,7 @@ def plot_timeline(rec:Recorder, # The recorder of a profiled fit: `learn.simple_
     if fname is not None: _save(fig, fname)
     return fig
 
-# %% ../nbs/08_plots.ipynb #b2a5c5fa
+# %% ../nbs/08_plots.ipynb #6b44faee
 def _profiled(learn, what):
     res, rec = getattr(learn, 'simple_profile_results', None), getattr(learn, 'simple_profile_recorder', None)
     if res is None or rec is None:
@@ -192,7 +190,7 @@ def plot_profile_timeline(self:Learner,
     "Per-batch step times of the last profiled fit's `phase` loop, warmup hatched; saved to `fname` if given"
     return plot_timeline(_profiled(self, 'plot_profile_timeline')[1], fname=fname, phase=phase)
 
-# %% ../nbs/08_plots.ipynb #1b11143e
+# %% ../nbs/08_plots.ipynb #606f382b
 def save_plots(learn:Learner, # A Learner after a profiled fit
                plot_name:str|Path='simple_profile.png', # The breakdown's file, relative to `learn.path`
                timeline_name:str|Path|None=None, # Also save the train timeline to this file, relative to `learn.path`

@@ -11,14 +11,14 @@ __all__ = ['DRAW', 'BATCH', 'PRED', 'LOSS', 'BACKWARD', 'STEP', 'STEPPED', 'ZERO
            'SyncClock', 'Recorder', 'FakeClock', 'phase_intervals', 'stats', 'StepSummary', 'fold', 'empty_runs',
            'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder']
 
-# %% ../nbs/00_recorder.ipynb #27f11093
+# %% ../nbs/00_recorder.ipynb #23875a1a
 import math, time
 from array import array
 from enum import Enum
 from typing import Callable
 import numpy as np
 
-# %% ../nbs/00_recorder.ipynb #ad19b72f
+# %% ../nbs/00_recorder.ipynb #305b51a0
 class Phase(str, Enum):
     "The three phases of a profiled fit"
     FIT='fit'; TRAIN='train'; VALID='valid'
@@ -31,13 +31,13 @@ class Step(str, Enum):
     FORWARD='forward'; PREDICT='predict'; LOSS='loss'; BACKWARD='backward'; OPT_STEP='opt_step'; ZERO_GRAD='zero_grad'
     def __str__(self): return self.value
 
-# %% ../nbs/00_recorder.ipynb #fba49279
+# %% ../nbs/00_recorder.ipynb #4460fb9e
 DRAW, BATCH, PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED, DONE, END, SAMPLES, FLAGS = range(12)
 N_SLOTS = 12
 NO_BACKWARD, NO_STEP, NO_ZERO_GRAD = 1, 2, 4
 _NAN = float('nan')
 
-# %% ../nbs/00_recorder.ipynb #21adf708
+# %% ../nbs/00_recorder.ipynb #3dcc9b58
 TRAIN_STEPS = (Step.DRAW, Step.BATCH, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER, Step.WARMUP)
 VALID_STEPS = (Step.DRAW, Step.BATCH, Step.PREDICT, Step.LOSS, Step.OTHER, Step.WARMUP)
 SUB_STEPS = {Step.FORWARD: (BATCH, PRED, 0), Step.PREDICT: (BATCH, PRED, 0), Step.LOSS: (PRED, LOSS, 0),
@@ -46,7 +46,7 @@ SUB_STEPS = {Step.FORWARD: (BATCH, PRED, 0), Step.PREDICT: (BATCH, PRED, 0), Ste
 TOP_STEPS = (Step.DRAW, Step.BATCH, Step.OTHER, Step.WARMUP)
 SPANS = (Step.FIT, Step.EPOCH, Step.TRAIN, Step.VALID)
 
-# %% ../nbs/00_recorder.ipynb #9b221f89
+# %% ../nbs/00_recorder.ipynb #d61fba80
 class BatchTable:
     "One phase's per-batch rows of marks in a typed array, plus the runs (one per epoch) they belong to"
     def __init__(self, steps=None): self.data, self.runs, self.steps, self.offset, self.summaries = array('d'), [], steps, 0, None
@@ -60,12 +60,17 @@ class BatchTable:
         "Each run as `(first, end, t_start, t_end)`: its rows are `first:end` (global indices; empty if it yielded no batch)"
         ends = [r[0] for r in self.runs[1:]] + [self.n]
         return [(first, end, t0, t1) for (first, t0, t1), end in zip(self.runs, ends)]
+    def positions(self, rows):
+        "`(run, iter)` of the global row indices `rows`: the run (epoch's loop) each belongs to and its place in that run"
+        rows, first = np.asarray(rows), np.array([r[0] for r in self.runs])
+        run = np.searchsorted(first, rows, side='right') - 1  # a run that yielded no batch shares its first row with the next
+        return run, rows - first[run]
     def view(self):
         "The buffered rows as an `(n, N_SLOTS)` array sharing the buffer: don't keep it while rows are still being added"
         return np.frombuffer(self.data, dtype=np.float64).reshape(-1, N_SLOTS) if self.data else np.empty((0, N_SLOTS))
     def nbytes(self): return self.data.itemsize*len(self.data)
 
-# %% ../nbs/00_recorder.ipynb #d49d1e88
+# %% ../nbs/00_recorder.ipynb #d47beaca
 host_clock = time.perf_counter
 
 class SyncClock:
@@ -75,7 +80,7 @@ class SyncClock:
         self.sync()
         return self.clock()
 
-# %% ../nbs/00_recorder.ipynb #db0cc9e3
+# %% ../nbs/00_recorder.ipynb #4a03270e
 class Recorder:
     "Owns a profiled fit's timing state: spans, one row of marks per batch, `warmup` leading batches per loop"
     def __init__(self,
@@ -180,7 +185,7 @@ class Recorder:
         "Bytes held by the per-batch tables"
         return sum(tb.nbytes() for tb in self.tables.values())
 
-# %% ../nbs/00_recorder.ipynb #c6a6a32c
+# %% ../nbs/00_recorder.ipynb #44bcf69b
 class FakeClock:
     "A clock for tests: returns `times` in order, or advances by `step` seconds per call"
     def __init__(self, times=None, step:float=1.0): self.times, self.step, self.t = list(times or []), step, 0.0
@@ -188,7 +193,7 @@ class FakeClock:
         self.t = self.times.pop(0) if self.times else self.t + self.step
         return self.t
 
-# %% ../nbs/00_recorder.ipynb #32227341
+# %% ../nbs/00_recorder.ipynb #c3bfbe65
 def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS):
     "Durations and sample counts per step of `table`'s buffered rows: `{step: (durations, samples)}`; NaN marks a step that did not run"
     m, off = table.view(), table.offset
@@ -216,7 +221,7 @@ def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS):
         out[s] = (d, samples)
     return out
 
-# %% ../nbs/00_recorder.ipynb #bbe8036b
+# %% ../nbs/00_recorder.ipynb #80c9e594
 STAT_COLS = ('Mean Duration', 'Duration Std Dev', 'Median Duration', 'P90 Duration', 'P99 Duration', 'Max Duration',
              'Number of Calls', 'Samples/Second', 'Total Time')
 
@@ -235,7 +240,7 @@ def stats(durations, samples=None) -> dict:
     return dict(zip(STAT_COLS, (total/n, float(d.std(ddof=1)) if n > 1 else _NAN, float(p50), float(p90), float(p99),
                                 float(d.max()), n, sps, total)))
 
-# %% ../nbs/00_recorder.ipynb #65ab8188
+# %% ../nbs/00_recorder.ipynb #e2192c12
 BINS_PER_DECADE = 50
 EDGES = np.logspace(-9, 4, 13*BINS_PER_DECADE + 1)
 
@@ -292,7 +297,7 @@ class StepSummary:
         return dict(zip(STAT_COLS, (self.total/self.n, std, self.quantile(.5), self.quantile(.9), self.quantile(.99),
                                     self.max, self.n, sps, self.total)))
 
-# %% ../nbs/00_recorder.ipynb #efa0ce58
+# %% ../nbs/00_recorder.ipynb #1c9c65c7
 def fold(table:BatchTable, warmup:int):
     "Fold `table`'s buffered rows into its per-step `StepSummary`s and drop them"
     if table.summaries is None: table.summaries = {s: StepSummary() for s in table.steps}
@@ -303,7 +308,7 @@ def fold(table:BatchTable, warmup:int):
     table.data = array('d')
     return table
 
-# %% ../nbs/00_recorder.ipynb #333a487e
+# %% ../nbs/00_recorder.ipynb #f6a9084a
 def _row(phase, action, step, st, fit_total):
     st['Percent of Total'] = 100*st['Total Time']/fit_total if fit_total > 0 else _NAN
     return (phase, action, step, st)
@@ -347,7 +352,7 @@ def summarize(rec:Recorder, samples_per_second:bool=True) -> list:
             rows.append(_row(phase, Step.BATCH if step in SUB_STEPS else step, step, st, fit_total))
     return rows
 
-# %% ../nbs/00_recorder.ipynb #c98253e9
+# %% ../nbs/00_recorder.ipynb #4c96d353
 class TorchEventTimer:
     "Device timer over torch events on `device` (CUDA events, or `torch.Event` for other accelerators)"
     def __init__(self, device):
@@ -376,7 +381,7 @@ class FakeDevice:
     def ready(self, e) -> bool: return e <= self.t
     def synchronize(self): self.sync()
 
-# %% ../nbs/00_recorder.ipynb #253efd6d
+# %% ../nbs/00_recorder.ipynb #aee01cde
 class EventRecorder(Recorder):
     "A `Recorder` that also records a device event at every boundary through `timer` and resolves them lazily"
     def __init__(self, timer, warmup:int=1, clock:Callable[[], float]=time.perf_counter, keep_raw:bool=True, chunk:int=4096,
@@ -481,7 +486,7 @@ class EventRecorder(Recorder):
 
     def nbytes(self): return super().nbytes() + sum(tb.nbytes() for tb in self.device.values())
 
-# %% ../nbs/00_recorder.ipynb #1c32f712
+# %% ../nbs/00_recorder.ipynb #c77fc432
 def device_view(rec:EventRecorder):
     "A recorder-like view of `rec` whose tables and spans are the device's"
     v = object.__new__(Recorder)
@@ -489,7 +494,7 @@ def device_view(rec:EventRecorder):
     v.tables, v.spans = rec.device, rec.device_spans
     return v
 
-# %% ../nbs/00_recorder.ipynb #674381cf
+# %% ../nbs/00_recorder.ipynb #01ddf95e
 SYNC_MODES = ('auto', 'none', 'device', 'events')
 
 def make_recorder(sync:str='auto', device=None, warmup:int=1, keep_raw:bool=True, timer=None, sync_fn=None):

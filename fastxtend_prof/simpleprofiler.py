@@ -7,7 +7,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/simpleprofiler.html.md"""
 # %% auto #0
 __all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'profile_results']
 
-# %% ../nbs/03_simpleprofiler.ipynb #5bc11448
+# %% ../nbs/03_simpleprofiler.ipynb #5f678458
 import os
 from pathlib import Path
 from fastcore.basics import store_attr, patch, noop
@@ -23,7 +23,7 @@ from .insight import trace_config, TraceWindow, add_trace, learner_advice, show_
 from .distributed import gather_profile, format_merged, straggler_advice
 from .loggers import LoggerHub, check_logger_callback, check_log_every, fix_fastai_wandb
 
-# %% ../nbs/03_simpleprofiler.ipynb #9eaa5f37
+# %% ../nbs/03_simpleprofiler.ipynb #77c1f993
 def _check_bool(name, v):
     if not isinstance(v, bool): raise ValueError(f'`{name}` must be True or False, got {v!r}')
 
@@ -32,19 +32,18 @@ def _check_name(name, v, optional=False):
     if not isinstance(v, (str, os.PathLike)) or not str(v).strip():
         raise ValueError(f'`{name}` must be a non-empty file name or path{" or None" if optional else ""}, got {v!r}')
 
-def _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup, sync, keep_raw, plot, plot_name,
+def _check_args(show_report, plain, markdown, save_csv, csv_name, warmup, sync, keep_raw, plot, plot_name,
                 log_every, save_json, json_name):
     for n, v in dict(show_report=show_report, plain=plain, markdown=markdown, save_csv=save_csv, keep_raw=keep_raw, plot=plot,
                      save_json=save_json).items(): _check_bool(n, v)
     for n, v in dict(csv_name=csv_name, json_name=json_name).items(): _check_name(n, v)
     _check_name('plot_name', plot_name, optional=True)
-    check_logger_callback(logger_callback)
     check_log_every(log_every)
     if sync not in SYNC_MODES: raise ValueError(f'`sync` must be one of {", ".join(map(repr, SYNC_MODES))}, got {sync!r}')
     if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < 0:
         raise ValueError(f'`warmup` must be an integer >= 0 (leading batches per epoch left out of the statistics), got {warmup!r}')
 
-# %% ../nbs/03_simpleprofiler.ipynb #a7ba0ce6
+# %% ../nbs/03_simpleprofiler.ipynb #fed1d529
 def _model_device(learn):
     "The device of `learn.model`'s first parameter (CPU for a model without any)"
     p = next(iter(learn.model.parameters()), None)
@@ -73,7 +72,7 @@ class _FastMiss:
         "Pickle (or copy) without the live recording of a fit in progress: the copy starts idle"
         return {k: v for k, v in self.__dict__.items() if k not in _LIVE}
 
-# %% ../nbs/03_simpleprofiler.ipynb #a94f6a3b
+# %% ../nbs/03_simpleprofiler.ipynb #4bb194aa
 class SimpleProfilerCallback(_FastMiss, Callback):
     "Profiles a fit with `SimpleProfilerPostCallback`; `show_report`, `save_csv` to `csv_name` after fit"
     order,remove_on_fetch = -1000,True
@@ -96,11 +95,11 @@ class SimpleProfilerCallback(_FastMiss, Callback):
         save_json:bool=False, # Save the results and run metadata as JSON to `learn.path/json_name`
         json_name:str='simple_profile.json', # JSON file name, relative to `learn.path`
     ):
-        _check_args(show_report, plain, markdown, save_csv, csv_name, logger_callback, warmup, sync, keep_raw, plot, plot_name,
+        _check_args(show_report, plain, markdown, save_csv, csv_name, warmup, sync, keep_raw, plot, plot_name,
                     log_every, save_json, json_name)
         self._trace = trace_config(trace)
         store_attr()
-        self.logger_callback = check_logger_callback(logger_callback)
+        self.logger_callback = check_logger_callback(logger_callback)  # checks the names and normalises them
         self._rec, self._mode, self._note = None, None, ''
 
     def before_fit(self):
@@ -135,7 +134,7 @@ class SimpleProfilerCallback(_FastMiss, Callback):
     def after_cancel_epoch(self): self._cancel()
     def after_cancel_fit(self): self._cancel()
 
-# %% ../nbs/03_simpleprofiler.ipynb #4fd061b2
+# %% ../nbs/03_simpleprofiler.ipynb #439bcc96
 class SimpleProfilerPostCallback(_FastMiss, Callback):
     "Pair with `SimpleProfilerCallback` to profile a fit; counts samples for `samples_per_second`"
     order,remove_on_fetch = FastaiRecorder.order-1,True
@@ -163,7 +162,7 @@ class SimpleProfilerPostCallback(_FastMiss, Callback):
     def after_epoch(self): self._rec.stop(Step.EPOCH)
     def after_fit(self): self._rec.stop(Step.FIT)
 
-# %% ../nbs/03_simpleprofiler.ipynb #1fa2d5cb
+# %% ../nbs/03_simpleprofiler.ipynb #91af3e88
 @patch
 def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     "Build the results of the fit just ended (with `exc` if it raised), remove the pair, gather ranks, show and save"
@@ -241,7 +240,7 @@ def _save(fn, results, path, what):
     try: return fn(results, path)
     except OSError as e: raise OSError(f'Simple Profiler: could not write the {what} results to {path}: {e}; they are still in learn.simple_profile_results') from e
 
-# %% ../nbs/03_simpleprofiler.ipynb #8529235d
+# %% ../nbs/03_simpleprofiler.ipynb #8036ec32
 @patch
 def profile(self:Learner,
     show_report:bool=True, # Display the formatted report after fit
@@ -268,7 +267,7 @@ def profile(self:Learner,
     self.remove_cbs([cb for cb in self.cbs if isinstance(cb, (SimpleProfilerCallback, SimpleProfilerPostCallback))])
     return self.add_cbs([pre, post])
 
-# %% ../nbs/03_simpleprofiler.ipynb #27999408
+# %% ../nbs/03_simpleprofiler.ipynb #41601033
 @patch
 def profile_timeline(self:Learner,
     host:bool=False, # With `sync='events'`, the host clock's times instead of the device's
