@@ -21,7 +21,7 @@ from fastxtend_prof.recorder import make_recorder
 # Seconds each step of a batch takes, on top of the (tiny) real work.
 WAITS = dict(draw=0.015, forward=0.020, loss=0.010, backward=0.025, opt_step=0.015, zero_grad=0.010)
 T = dict.fromkeys(WAITS, 0.)  # the waits in force
-N_TRAIN, N_VALID, BS, EPOCHS = 12, 5, 8, 2
+N_TRAIN, N_VALID, BS, EPOCHS = 12, 10, 8, 2  # enough valid batches that one scheduler hiccup cannot move a mean by 5%
 
 def busy(s):
     "Spin for exactly `s` seconds of wall time (sleep would hand the core away and overshoot)"
