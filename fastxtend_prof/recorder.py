@@ -6,10 +6,10 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/recorder.html.md"""
 
 # %% auto #0
 __all__ = ['DRAW', 'BATCH', 'PRED', 'LOSS', 'BACKWARD', 'STEP', 'STEPPED', 'ZEROED', 'DONE', 'END', 'SAMPLES', 'FLAGS', 'N_SLOTS',
-           'NO_BACKWARD', 'NO_STEP', 'NO_ZERO_GRAD', 'TRAIN_STEPS', 'VALID_STEPS', 'SUB_STEPS', 'TOP_STEPS', 'SPANS',
-           'host_clock', 'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step', 'BatchTable',
-           'SyncClock', 'Recorder', 'FakeClock', 'phase_intervals', 'stats', 'StepSummary', 'fold', 'empty_runs',
-           'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder']
+           'NO_BACKWARD', 'NO_STEP', 'NO_ZERO_GRAD', 'TRACED', 'TRAIN_STEPS', 'VALID_STEPS', 'SUB_STEPS', 'TOP_STEPS',
+           'APART', 'SPANS', 'host_clock', 'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step',
+           'BatchTable', 'SyncClock', 'Recorder', 'FakeClock', 'phase_intervals', 'stats', 'StepSummary', 'fold',
+           'empty_runs', 'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder']
 
 # %% ../nbs/00_recorder.ipynb #23875a1a
 import math, time
@@ -27,23 +27,24 @@ class Phase(str, Enum):
 class Step(str, Enum):
     "Every row name a profile can hold"
     FIT='fit'; EPOCH='epoch'; TRAIN='train'; VALID='valid'
-    DRAW='draw'; BATCH='batch'; OTHER='other'; WARMUP='warmup'
+    DRAW='draw'; BATCH='batch'; OTHER='other'; WARMUP='warmup'; TRACE='trace'
     FORWARD='forward'; PREDICT='predict'; LOSS='loss'; BACKWARD='backward'; OPT_STEP='opt_step'; ZERO_GRAD='zero_grad'
     def __str__(self): return self.value
 
 # %% ../nbs/00_recorder.ipynb #4460fb9e
 DRAW, BATCH, PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED, DONE, END, SAMPLES, FLAGS = range(12)
 N_SLOTS = 12
-NO_BACKWARD, NO_STEP, NO_ZERO_GRAD = 1, 2, 4
+NO_BACKWARD, NO_STEP, NO_ZERO_GRAD, TRACED = 1, 2, 4, 8
 _NAN = float('nan')
 
 # %% ../nbs/00_recorder.ipynb #3dcc9b58
-TRAIN_STEPS = (Step.DRAW, Step.BATCH, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER, Step.WARMUP)
-VALID_STEPS = (Step.DRAW, Step.BATCH, Step.PREDICT, Step.LOSS, Step.OTHER, Step.WARMUP)
+TRAIN_STEPS = (Step.DRAW, Step.BATCH, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER, Step.WARMUP, Step.TRACE)
+VALID_STEPS = (Step.DRAW, Step.BATCH, Step.PREDICT, Step.LOSS, Step.OTHER, Step.WARMUP, Step.TRACE)
 SUB_STEPS = {Step.FORWARD: (BATCH, PRED, 0), Step.PREDICT: (BATCH, PRED, 0), Step.LOSS: (PRED, LOSS, 0),
              Step.BACKWARD: (BACKWARD, STEP, NO_BACKWARD), Step.OPT_STEP: (STEP, STEPPED, NO_STEP),
              Step.ZERO_GRAD: (STEPPED, ZEROED, NO_ZERO_GRAD)}
-TOP_STEPS = (Step.DRAW, Step.BATCH, Step.OTHER, Step.WARMUP)
+TOP_STEPS = (Step.DRAW, Step.BATCH, Step.OTHER, Step.WARMUP, Step.TRACE)
+APART = (Step.WARMUP, Step.TRACE)  # rows that hold whole batches kept out of the per-step statistics
 SPANS = (Step.FIT, Step.EPOCH, Step.TRAIN, Step.VALID)
 
 # %% ../nbs/00_recorder.ipynb #d61fba80
@@ -194,7 +195,7 @@ class FakeClock:
         return self.t
 
 # %% ../nbs/00_recorder.ipynb #c3bfbe65
-def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS):
+def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS, apart:bool=True):
     "Durations and sample counts per step of `table`'s buffered rows: `{step: (durations, samples)}`; NaN marks a step that did not run"
     m, off = table.view(), table.offset
     n = len(m)
@@ -202,13 +203,16 @@ def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS):
     for first, nxt, t0, _ in table.run_rows():
         if first >= nxt or nxt <= off or first >= off+n: continue  # no batch in this run, or none buffered now
         if first >= off: lead[first-off] = m[first-off, DRAW] - t0
-        warm[max(first, off)-off:max(min(first+warmup, nxt)-off, 0)] = True
+        if apart: warm[max(first, off)-off:max(min(first+warmup, nxt)-off, 0)] = True
     flags, samples = m[:, FLAGS].astype(np.int64), m[:, SAMPLES].copy()
-    any_warm, out = warm.any(), {}
+    traced = (flags & TRACED) != 0 if apart else np.zeros(n, dtype=bool)
+    warm &= ~traced  # a batch the trace window touched is the window's, even among the warmup batches
+    kept_apart = warm | traced
+    any_apart, out = kept_apart.any(), {}
     for s in steps:
-        if s is Step.WARMUP:
+        if s in APART:
             d = m[:, END] - m[:, DRAW] + lead
-            d[~warm] = np.nan
+            d[~(warm if s is Step.WARMUP else traced)] = np.nan
         else:
             if s is Step.DRAW: d = m[:, BATCH] - m[:, DRAW]
             elif s is Step.BATCH: d = m[:, DONE] - m[:, BATCH]
@@ -217,7 +221,7 @@ def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS):
                 a, b, flag = SUB_STEPS[s]
                 d = m[:, b] - m[:, a]
                 if flag: d[(flags & flag) != 0] = np.nan
-            if any_warm: d[warm] = np.nan
+            if any_apart: d[kept_apart] = np.nan
         out[s] = (d, samples)
     return out
 
@@ -349,21 +353,44 @@ def summarize(rec:Recorder, samples_per_second:bool=True) -> list:
     for phase in (Phase.TRAIN, Phase.VALID):
         if rec.tables[phase].n == 0: continue
         for step, st in ph[phase][0].items():
+            if step is Step.TRACE and not st['Number of Calls']: continue  # no trace window: no row
             rows.append(_row(phase, Step.BATCH if step in SUB_STEPS else step, step, st, fit_total))
     return rows
 
 # %% ../nbs/00_recorder.ipynb #4c96d353
 class TorchEventTimer:
-    "Device timer over torch events on `device` (CUDA events, or `torch.Event` for other accelerators)"
-    def __init__(self, device):
+    "Device timer over torch events on `device`, recorded on a stream looked up once per loop (`bind`) and reused from a pool"
+    def __init__(self, device,
+                 new_event:Callable|None=None, # Makes a timing event; default a CUDA event, or `torch.Event` on other accelerators
+                 current_stream:Callable|None=None, # Returns the stream to record on; default the device's current stream
+                 synchronize:Callable|None=None, # Waits for the device's queued work; default torch's for the device
+                ):
         import torch
         self.device = torch.device(device)
-        if self.device.type == 'cuda': self._new, self._sync = (lambda: torch.cuda.Event(enable_timing=True)), (lambda: torch.cuda.synchronize(self.device))
-        else: self._new, self._sync = (lambda: torch.Event(device=self.device, enable_timing=True)), torch.accelerator.synchronize
+        if self.device.type == 'cuda':
+            new = lambda: torch.cuda.Event(enable_timing=True)
+            stream, sync = (lambda: torch.cuda.current_stream(self.device)), (lambda: torch.cuda.synchronize(self.device))
+        else:
+            new = lambda: torch.Event(device=self.device, enable_timing=True)
+            stream, sync = (lambda: torch.accelerator.current_stream(self.device)), torch.accelerator.synchronize
+        self.new_event, self.current_stream, self._sync = new_event or new, current_stream or stream, synchronize or sync
+        self.stream, self.free, self.created = None, [], 0
+
+    def bind(self):
+        "Look up the stream to record on: once per loop, not at every event"
+        self.stream = self.current_stream()
+
     def record(self):
-        e = self._new()
-        e.record()
+        "An event recorded now on the bound stream: a resolved one from the pool, or a new one"
+        if self.free: e = self.free.pop()
+        else: e, self.created = self.new_event(), self.created + 1
+        e.record(self.stream)
         return e
+
+    def release(self, events):
+        "Give `events`, whose times have been read and which nothing else refers to, back to the pool"
+        self.free.extend(events)
+
     def elapsed(self, a, b) -> float: return a.elapsed_time(b)/1e3
     def ready(self, e) -> bool: return e.query()
     def synchronize(self): self._sync()
@@ -388,20 +415,22 @@ class EventRecorder(Recorder):
                  resolve_every:int=64, # Closed batches between non-blocking resolutions of completed events
                 ):
         super().__init__(warmup=warmup, clock=clock, keep_raw=keep_raw, chunk=chunk)
-        self.timer, self.resolve_every = timer, resolve_every
+        self.timer, self.resolve_every, self._record = timer, resolve_every, timer.record
+        self._bind, self._release = getattr(timer, 'bind', None), getattr(timer, 'release', None)  # optional in the interface
         self.device = {Phase.TRAIN: BatchTable(TRAIN_STEPS), Phase.VALID: BatchTable(VALID_STEPS)}
         self.device_spans = {s: array('d') for s in SPANS}
         self._ev, self._draw_ev, self._end_ev, self._origin = [None]*N_SLOTS, None, None, None
         self._pending, self._span_ev, self._run_ev = [], {}, None
 
     def start(self, step:Step):
-        ev = self.timer.record()
+        if self._origin is None and self._bind is not None: self._bind()
+        ev = self._record()
         if self._origin is None: self._origin = ev
         super().start(step)
         self._span_ev[step] = ev
 
     def stop(self, step:Step, t:float|None=None):
-        ev = self.timer.record()
+        ev = self._record()
         if self._phase is not None: self.end_phase(t, ev)
         if step is Step.FIT and Step.EPOCH in self._span_ev: self.stop(Step.EPOCH, t)
         super().stop(step, t)
@@ -410,16 +439,17 @@ class EventRecorder(Recorder):
         if step is Step.FIT: self.resolve(block=True)
 
     def begin_phase(self, phase:Phase):
-        ev = self.timer.record()
+        if self._bind is not None: self._bind()  # the stream current as the loop starts
+        ev = self._record()
         if self._origin is None: self._origin = ev
         if self._phase is not None: self.end_phase(None, ev)
         super().begin_phase(phase)
-        self._run_ev = ev
+        self._run_ev, self._draw_ev = ev, None
         self._pending.append(('run', phase, self.tables[phase].runs[-1][0], ev))
 
     def end_phase(self, t:float|None=None, ev=None):
         if self._phase is None: return
-        ev = self.timer.record() if ev is None else ev
+        ev = self._record() if ev is None else ev
         self._end_ev, phase = ev, self._phase
         super().end_phase(t)
         self._pending.append(('span', Step(phase.value), self._run_ev, ev))
@@ -428,10 +458,10 @@ class EventRecorder(Recorder):
 
     def draw(self):
         super().draw()
-        self._draw_ev = self.timer.record()
+        self._draw_ev = self._record()
 
     def start_batch(self, samples:float=_NAN):
-        ev = self.timer.record()
+        ev = self._record()
         d, self._draw_ev = self._draw_ev, None
         self._end_ev = ev if d is None else d
         super().start_batch(samples)
@@ -439,15 +469,16 @@ class EventRecorder(Recorder):
 
     def mark(self, slot:int):
         super().mark(slot)
-        self._ev[slot] = self.timer.record()
+        ev = self._ev
+        ev[slot] = ev[LOSS] if slot == BACKWARD and ev[LOSS] is not None else self._record()  # adjacent: one event for both
 
     def end_batch(self, samples:float|None=None):
         super().end_batch(samples)
-        self._ev[DONE] = self.timer.record()
+        self._ev[DONE] = self._record()
 
     def cancel(self, flags:int=NO_STEP|NO_ZERO_GRAD, close:bool=True, t:float|None=None):
         if not self._row_open: return
-        ev = self.timer.record()
+        ev = self._record()
         super().cancel(flags, close, t)
         for slot in (PRED, LOSS, STEP, DONE):
             if self._ev[slot] is None and self._row[slot] == self._row[slot]: self._ev[slot] = ev
@@ -462,21 +493,24 @@ class EventRecorder(Recorder):
     def resolve(self, block:bool=False):
         "Turn pending events into device timestamps; without `block`, only those the device has completed"
         if block and self._pending: self.timer.synchronize()
-        el, org = self.timer.elapsed, self._origin
+        el, org, release = self.timer.elapsed, self._origin, self._release
         done = 0
         for kind, key, a, b in self._pending:
-            last = b if kind in ('span', 'run', 'run_end') else a[END]
+            last = a[END] if kind == 'row' else b
             if not block and not self.timer.ready(last): break
             done += 1
             if kind == 'span': self.device_spans[key].append(el(a, b))
             elif kind == 'run': self.device[key].runs.append([a, el(org, b), _NAN])  # rows mirror the host's, so the first index is the same
             elif kind == 'run_end': self.device[key].runs[-1][2] = el(org, b)
             else:
-                row = [_NAN if e is None else el(org, e) for e in a]
+                d = a[DRAW]
+                t = el(org, d)  # the row's place in the fit; its steps are read from its own draw (exact in float32)
+                row = [_NAN if e is None else t if e is d else t + el(d, e) for e in a]
                 row[SAMPLES], row[FLAGS] = b
                 table = self.device[key]
                 table.data.extend(row)
                 if not self.keep_raw and len(table.data) >= self.chunk*N_SLOTS: fold(table, self.warmup)
+                if release is not None: release({id(e): e for e in a[:END] if e is not None}.values())  # END is the next row's
         del self._pending[:done]
 
     def abort(self):

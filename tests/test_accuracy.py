@@ -17,6 +17,7 @@ from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
 from fastxtend_prof import simpleprofiler
 from fastxtend_prof.recorder import make_recorder
+from fakes import MirrorTimer
 
 # Seconds each step of a batch takes, on top of the (tiny) real work.
 WAITS = dict(draw=0.015, forward=0.020, loss=0.010, backward=0.025, opt_step=0.015, zero_grad=0.010)
@@ -72,13 +73,6 @@ def make_learner():
     return learn
 
 def tolerance(expected): return max(0.05*expected, 0.00075)
-
-class MirrorTimer:
-    "Device events that are host timestamps: the whole `sync='events'` pipeline runs on a CPU"
-    def record(self): return time.perf_counter()
-    def elapsed(self, a, b): return b - a
-    def ready(self, e): return True
-    def synchronize(self): pass
 
 def profiled_fit(waits, mode):
     "Profile the workload with `waits` in force, timing it the `mode` way (injected through the recorder seam on a CPU)"

@@ -4,17 +4,10 @@ import numpy as np, pytest, torch
 from fastai.test_utils import synth_learner
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (Learner.profile)
+from fakes import MirrorTimer, ManualClock
 from fastxtend_prof import simpleprofiler
-from fastxtend_prof.recorder import (Recorder, EventRecorder, SyncClock, make_recorder, summarize, Phase, Step,
-                                     StepSummary, PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED, N_SLOTS)
-
-class MirrorTimer:
-    "A device timer whose events are host timestamps: runs the whole events pipeline on a CPU"
-    def __init__(self): self.queries = 0
-    def record(self): return time.perf_counter()
-    def elapsed(self, a, b): return b - a
-    def ready(self, e): self.queries += 1; return True
-    def synchronize(self): pass
+from fastxtend_prof.recorder import (Recorder, EventRecorder, SyncClock, TorchEventTimer, make_recorder, summarize, device_view,
+                                     Phase, Step, StepSummary, PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED, N_SLOTS)
 
 def use_mode(monkeypatch, mode):
     "Make the callbacks build the recorder of `mode` on this CPU machine, through the injectable seam"
@@ -102,6 +95,61 @@ def test_a_million_raw_batches_summarised_in_under_a_second():
     assert t < 1.0, t
     draw = [r[3] for r in rows if r[0] is Phase.TRAIN and r[2] is Step.DRAW][0]
     assert draw['Number of Calls'] == n - 1 and draw['Mean Duration'] == pytest.approx(1e-4)
+
+class ClockEvent:
+    "Stands in for `torch.cuda.Event`: stamps `clock()` when recorded; `elapsed_time` in float32 milliseconds, as CUDA's"
+    def __init__(self, clock, streams): self.clock, self.streams, self.t = clock, streams, None
+    def record(self, stream=None):
+        self.streams.append(stream)
+        self.t = self.clock()
+    def elapsed_time(self, end): return float(np.float32((end.t - self.t)*1e3))
+    def query(self): return True
+
+def event_timer(clock=time.perf_counter):
+    "A `TorchEventTimer` over `ClockEvent`s, counting stream lookups and the stream of every record"
+    lookups, streams = [], []
+    def current_stream(): lookups.append(1); return f'stream {len(lookups)}'
+    timer = TorchEventTimer('cpu', new_event=lambda: ClockEvent(clock, streams), current_stream=current_stream, synchronize=lambda: None)
+    return timer, lookups, streams
+
+def test_events_mode_records_cheaply_through_a_fit(monkeypatch):
+    "Per batch: no stream lookup, 8 records (train) from a bounded pool, each on the loop's stream; device times match the host's"
+    timer, lookups, streams = event_timer()
+    monkeypatch.setattr(simpleprofiler, 'make_recorder', functools.partial(make_recorder, timer=timer))
+    n_trn, n_val, epochs = 200, 20, 2
+    learn = synth_learner(n_trn=n_trn, n_val=n_val).profile(show_report=False, sync='events')
+    learn.remove_cb(ProgressCallback)
+    with learn.no_logging(): learn.fit(epochs)
+    assert len(lookups) == 1 + 2*epochs   # the fit's start, then once per train and valid loop: never per event
+    assert None not in streams            # every record names its stream (no current-stream lookup inside torch)
+    per_loop = [s for s in streams if s != 'stream 1']
+    assert per_loop == sorted(per_loop, key=lambda s: int(s.split()[1]))   # each loop records on the stream bound at its start
+    records = len(streams)
+    assert epochs*(8*n_trn + 6*n_val) <= records <= epochs*(8*n_trn + 6*n_val) + 30   # train 8, valid 6 a batch, a few per loop
+    assert timer.created <= 8*(64 + 8)    # reused from the pool: about one resolve window's worth, not one per record
+    res = learn.simple_profile_results.set_index(['Phase', 'Step'])
+    for step in ('forward', 'loss', 'backward', 'opt_step'):   # events stamp the host clock here: the two views agree
+        assert res.loc[('train', step), 'Total Time'] == pytest.approx(res.loc[('train', step), 'Host Total Time'], rel=0.2, abs=2e-4)
+
+def test_device_times_stay_exact_hours_into_a_fit():
+    "CUDA's elapsed_time is float32 ms: read from the fit's first event, 10 h in it is only good to 4 ms. Rows are read from their own draw."
+    clk = ManualClock()
+    timer, _, _ = event_timer(clk)
+    rec = EventRecorder(timer, warmup=0, clock=clk)
+    rec.start(Step.FIT)
+    clk.t = 36_000.0   # ten hours later
+    rec.start(Step.EPOCH); rec.begin_phase(Phase.TRAIN)
+    steps = dict(draw=0.7e-3, forward=1.2345e-3, loss=0.3e-3, backward=2.5e-3, opt_step=0.81e-3, zero_grad=0.11e-3)
+    for _ in range(20):
+        rec.draw(); clk.t += steps['draw']; rec.start_batch(16)
+        clk.t += steps['forward']; rec.mark(PRED); clk.t += steps['loss']; rec.mark(LOSS)
+        rec.mark(BACKWARD); clk.t += steps['backward']; rec.mark(STEP); clk.t += steps['opt_step']; rec.mark(STEPPED)
+        clk.t += steps['zero_grad']; rec.mark(ZEROED); rec.end_batch(16); clk.t += 1e-4
+    rec.end_phase(); rec.stop(Step.EPOCH); rec.stop(Step.FIT)
+    dev = {str(r[2]): r[3] for r in summarize(device_view(rec), samples_per_second=False) if r[0] is Phase.TRAIN}
+    for step, s in steps.items():
+        assert dev[step]['Mean Duration'] == pytest.approx(s, abs=1e-6), step
+        assert dev[step]['Max Duration'] - dev[step]['Mean Duration'] < 1e-6, step   # every batch, not just the mean
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device; this machine has none')
 
