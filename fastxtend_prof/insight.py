@@ -8,9 +8,10 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/insight.html.md"""
 __all__ = ['SEVERITIES', 'DATA_BOUND_SHARE', 'DATA_BOUND_CRITICAL', 'DATA_BOUND_MIN_DRAW', 'STARTUP_RATIO', 'STARTUP_MIN_SHARE',
            'OPT_STEP_RATIO', 'OPT_STEP_MIN_SHARE', 'OPT_STEP_MIN', 'OTHER_SHARE', 'OTHER_MIN', 'UNSTABLE_RATIO',
            'UNSTABLE_MIN_SHARE', 'UNSTABLE_MIN_BATCHES', 'RULES', 'TRACE_NAME', 'TRACE_DEFAULTS', 'TOP_OPS',
-           'RANGE_NAMES', 'Advice', 'synthetic_run', 'run_context', 'data_bound', 'startup', 'host_bound_opt_step',
-           'heavy_callbacks', 'unstable_steps', 'host_timing', 'advise', 'show_advice', 'learner_advice',
-           'trace_config', 'tidy_advice', 'TraceWindow', 'TraceMarks', 'TracingRecorder', 'add_trace']
+           'RANGE_NAMES', 'FASTAI_TIPS', 'Advice', 'synthetic_run', 'run_context', 'data_bound', 'startup',
+           'host_bound_opt_step', 'heavy_callbacks', 'unstable_steps', 'host_timing', 'advise', 'show_advice',
+           'learner_advice', 'trace_config', 'in_library', 'tidy_advice', 'TraceWindow', 'TraceMarks',
+           'TracingRecorder', 'add_trace']
 
 # %% ../nbs/07_insight.ipynb #db59b276
 import json, math, os, re, tempfile, time, warnings
@@ -194,7 +195,8 @@ def _startups(rec, phase, steps):
     tb = rec.tables[phase]
     m, off, d = tb.view(), tb.offset, phase_intervals(tb, rec.warmup, steps)[Step.DRAW][0]
     steady = float(np.nanmedian(d)) if np.isfinite(d).any() else math.nan
-    later = [m[first - off, BATCH] - t0 for i, (first, _, t0) in enumerate(_runs(tb)) if i > 0 and 0 <= first - off < len(m)]
+    later = [m[first - off, BATCH] - t0 for i, (first, _, t0) in enumerate(_runs(tb))
+             if i > 0 and 0 <= first - off < len(m) and not int(m[first - off, FLAGS]) & TRACED]  # a trace window's stop may land there
     return np.array(later), steady
 
 def startup(results:pd.DataFrame, rec:Recorder|None, ctx:dict) -> list:
@@ -262,19 +264,15 @@ def heavy_callbacks(results:pd.DataFrame, rec:Recorder|None, ctx:dict) -> list:
 # %% ../nbs/07_insight.ipynb #772cf3ed
 _BATCH_STEPS = (Step.DRAW, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER)
 
-def _traced(rec) -> list:
-    w = getattr(rec, 'window', None)
-    return list(w.batches) if w is not None else []
-
 def unstable_steps(results:pd.DataFrame, rec:Recorder|None, ctx:dict) -> list:
     "The p99 train step is `UNSTABLE_RATIO` times the median and stragglers cost `UNSTABLE_MIN_SHARE` of the steps"
     if rec is None: return []
     tb = rec.tables[Phase.TRAIN]
     iv, off = phase_intervals(tb, rec.warmup, TRAIN_STEPS), tb.offset  # rows from `offset` on (all unless folded)
-    tot = iv[Step.DRAW][0] + iv[Step.BATCH][0] + iv[Step.OTHER][0]  # NaN for warmup batches
+    tot = iv[Step.DRAW][0] + iv[Step.BATCH][0] + iv[Step.OTHER][0]  # NaN for warmup and traced batches
     keep = np.isfinite(tot)
     runs = _runs(tb)
-    drop = [end - 1 for _, end, _ in runs] + _traced(rec)
+    drop = [end - 1 for _, end, _ in runs]
     keep[[i - off for i in drop if 0 <= i - off < len(keep)]] = False
     local, d = np.flatnonzero(keep), tot[keep]
     if d.size < UNSTABLE_MIN_BATCHES: return []
@@ -376,7 +374,7 @@ def trace_config(trace) -> dict|None:
 
 # %% ../nbs/07_insight.ipynb #28293eed
 RANGE_NAMES = {(p, s): f'{p}/{s}' for p, steps in ((Phase.TRAIN, TRAIN_STEPS), (Phase.VALID, VALID_STEPS))
-               for s in steps if s not in (Step.BATCH, Step.WARMUP)}
+               for s in steps if s is not Step.BATCH and s not in APART}
 
 _OP_COLS = (('Self CPU', 'self_cpu_time_total'), ('CPU Total', 'cpu_time_total'),
             ('Self Device', 'self_device_time_total'), ('Device Total', 'device_time_total'))
@@ -412,19 +410,53 @@ _TIDY_IDS = {'FP32 MatMul Pattern': 'torch_tf32', 'Optimizer Single Tensor Patte
              'Enabling Bias in Conv2d Followed By BatchNorm Pattern': 'torch_conv_bias_before_bn',
              'Matrix Multiplication Dimension Not Aligned Pattern': 'torch_matmul_unaligned'}
 
+# What a fastai user can do about a finding located inside fastai, torch or another library (None: nothing, so it is dropped)
+FASTAI_TIPS = {
+    'Gradient Set To Zero Instead of None Pattern': (
+        "Gradients are zeroed in place by fastai's own optimizers at the end of each batch; a torch optimizer sets them to "
+        'None, which skips a memset per parameter and frees their memory between batches: '
+        '`Learner(..., opt_func=partial(OptimWrapper, opt=torch.optim.AdamW))`. The time saved is usually small.'),
+    'Optimizer Single Tensor Pattern': (
+        'The torch optimizer updates one parameter tensor at a time: pass `foreach=True` (or `fused=True` on CUDA) through '
+        "fastai's wrapper, `opt_func=partial(OptimWrapper, opt=torch.optim.AdamW, foreach=True)`."),
+    'Synchronized DataLoader Pattern': (
+        'Batches are loaded in the training process, which waits for them: pass `num_workers` > 0 where the `DataLoaders` '
+        'are built (`DataLoaders.from_dsets(..., num_workers=4)`, `dblock.dataloaders(source, num_workers=4)`).'),
+    'FP32 MatMul Pattern': (
+        "Matrix multiplications run in full FP32: allow TF32 with `torch.set_float32_matmul_precision('high')` before "
+        'training, or train in mixed precision with `learn.to_fp16()` (or `learn.to_bf16()`).'),
+    'Matrix Multiplication Dimension Not Aligned Pattern': (
+        'A matrix multiplication has a size that is not a multiple of 8, which keeps it off the tensor cores: choose layer '
+        'widths and the batch size (`bs=` of the `DataLoaders`) as multiples of 8, especially with `learn.to_fp16()`.'),
+    'Enabling Bias in Conv2d Followed By BatchNorm Pattern': (
+        'A convolution with a bias feeds a BatchNorm, which cancels the bias: build those convolutions with `bias=False` '
+        "(fastai's `ConvLayer` does)."),
+    'Extra CUDA Copy Pattern': None,
+}
+_LIBRARIES = ('fastai', 'fastcore', 'fasttransform', 'fastprogress', 'fastxtend', 'fastxtend_prof', 'torch', 'torchvision',
+              'timm', 'accelerate', 'transformers')
+
+def in_library(file:str) -> bool:
+    "Whether a source file the matcher names is inside an installed package (fastai, torch, ...) rather than the user's code"
+    f = str(file).replace('\\', '/')
+    return any(d in f for d in ('site-packages/', 'dist-packages/')) or f.lstrip('./').split('/')[0] in _LIBRARIES
+
 def tidy_advice(report:dict, cuda:bool|None=None) -> list:
-    "`Advice` from torch's anti-pattern `report` ({file: [{line_number, name, url, message}]}); no TF32 finding without `cuda`"
+    "`Advice` from torch's anti-pattern `report` ({file: [{line_number, name, url, message}]}), in fastai terms where it points into a library"
     if cuda is None: cuda = torch.cuda.is_available()
     found = {}
     for file, items in report.items():
-        for it in items: found.setdefault(it['name'], (it, []))[1].append(f"{file}:{it['line_number']}")
+        for it in items: found.setdefault(it['name'], (it, [], []))[1 + in_library(file)].append(f"{file}:{it['line_number']}")
     out = []
-    for name, (it, where) in found.items():
+    for name, (it, mine, libs) in found.items():
         if name == 'FP32 MatMul Pattern' and not cuda: continue  # the matcher reports it on every CPU-only machine
+        if not mine and FASTAI_TIPS.get(name) is None: continue  # only inside code the user doesn't own, and nothing to do in fastai terms
         rule = _TIDY_IDS.get(name) or 'torch_' + re.sub(r'[^a-z0-9]+', '_', name.lower().replace(' pattern', '')).strip('_')
-        ev = dict(pattern=name, locations=sorted(set(where)), url=it.get('url', ''))
-        tip = it['message'] + (f" See {it['url']}" if it.get('url') else '')
-        out.append(Advice(rule, 'info', ev, tip, f"torch.profiler's anti-pattern matcher found `{name}` at {', '.join(ev['locations'][:3])}."))
+        where = sorted(set(mine or libs))
+        ev = dict(pattern=name, locations=where, url=it.get('url', ''), in_library=not mine)
+        tip = it['message'] + (f" See {it['url']}" if it.get('url') else '') if mine else FASTAI_TIPS[name]
+        place = f"at {', '.join(where[:3])}" if mine else f"inside a library ({', '.join(where[:3])}), not in your code"
+        out.append(Advice(rule, 'info', ev, tip, f"torch.profiler's anti-pattern matcher found `{name}` {place}."))
     return out
 
 def _anti_patterns(prof) -> list:
@@ -466,6 +498,11 @@ class TraceWindow:
         return ProfilerAction.RECORD_AND_SAVE if k == a - 1 else ProfilerAction.RECORD
 
     @property
+    def running(self) -> bool:
+        "True from torch.profiler's start (the window's first batch) to its stop: batches open then run slower and are the window's"
+        return self.prof is not None and not self._stopped
+
+    @property
     def recording(self) -> bool:
         "True while the profiler records (fastai ranges are opened only then)"
         p = self.prof
@@ -477,10 +514,11 @@ class TraceWindow:
         return self.action(k) != (self.action(self._k) if self._k >= 0 else ProfilerAction.NONE)
 
     def step(self, k:int):
-        "Mark the draw of train batch `k`: advance the profiler's schedule (a repeated `k` is ignored)"
+        "Mark the draw of train batch `k`: start torch.profiler at the window's first batch, then advance its schedule (a repeated `k` is ignored)"
         if k == self._k or self._stopped: return
         self._k = k
         if self.prof is None:
+            if self.action(k) is ProfilerAction.NONE: return  # waiting: nothing started, nothing slowed
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
             self.prof = torch.profiler.profile(activities=acts, schedule=lambda _: self.action(self._k), on_trace_ready=self._on_ready,
                                                record_shapes=self.record_shapes, with_stack=self.with_stack)
@@ -498,8 +536,9 @@ class TraceWindow:
     def finish(self,
         n_train:int|None=None, # Train batches the fit ran, to list the recorded ones exactly
     ) -> dict:
-        "Stop the profiler; write the trace to `path`; return `trace_path`, `key_averages_by_step`, `anti_patterns`, `batches`"
+        "Stop the profiler; write the trace to `path`; return `trace_path`, `key_averages_by_step`, `anti_patterns`, `batches`, `export_s`"
         if self.result is not None: return self.result
+        t0 = time.perf_counter()
         try: self._stop()
         except Exception as e: warnings.warn(f'stopping torch.profiler failed: {e!r}')
         res = dict(trace_path=None, key_averages_by_step={}, anti_patterns=[], batches=[])
@@ -515,6 +554,7 @@ class TraceWindow:
             n = max(self._k + 1, 0) if n_train is None else n_train
             warnings.warn(f'trace window recorded nothing: the fit had {n} train batches, the window needs '
                           f'wait+warmup+1 = {self.wait + self.warmup + 1}')
+        res['export_s'] = time.perf_counter() - t0  # stopping, writing and analysing: after the fit's timing, but the user waits
         self.prof, self.result = None, res
         return res
 
@@ -531,16 +571,15 @@ class TraceWindow:
 _RANGE_AT = {PRED: Step.LOSS, LOSS: None, BACKWARD: Step.BACKWARD, STEP: Step.OPT_STEP, STEPPED: Step.ZERO_GRAD, ZEROED: None}
 
 class TraceMarks:
-    "Mixin for a `Recorder`: runs `self.window` (a `TraceWindow`) and names each fastai step in its trace"
+    "Mixin for a `Recorder`: runs `self.window` (a `TraceWindow`), names each fastai step in its trace, flags the batches it touches"
     def _init_trace(self, window=None):
         self.window = TraceWindow() if window is None else window
-        self.trace_result, self._rf, self._n_train = None, None, 0
-        self._paused, self._clock0 = 0.0, self.clock
-        self.clock = self._shifted
+        self.trace_result, self._rf, self._n_train, self._profiler_s, self._flag_next = None, None, 0, 0.0, False
 
-    def _shifted(self):
-        "The recorder's clock minus the time the profiler spent starting and stopping"
-        return self._clock0() - self._paused
+    def _flag(self):
+        "Flag the open batch `TRACED`, or the next one when none is open (the time then lands in its loop's set-up)"
+        if self._row_open: self._row[FLAGS] = float(int(self._row[FLAGS]) | TRACED)
+        else: self._flag_next = True
 
     def _range(self, step=None):
         "Close the open range; open `step`'s if the window records"
@@ -555,10 +594,11 @@ class TraceMarks:
         if self._phase is Phase.TRAIN:
             self._range()
             k = self._n_train
-            if self.window.changes(k):  # starting or stopping the profiler takes long: keep it out of the timings
-                t0 = self._clock0()
+            if self.window.changes(k):  # starting or stopping torch.profiler takes long (seconds on CUDA): the batch it lands in is the window's
+                self._flag()
+                t0 = self.clock()
                 self.window.step(k)
-                self._paused += self._clock0() - t0
+                self._profiler_s += self.clock() - t0
             else: self.window.step(k)
         super().draw()
         self._range(Step.DRAW)
@@ -566,6 +606,9 @@ class TraceMarks:
     def start_batch(self, *args, **kwargs):
         super().start_batch(*args, **kwargs)
         if self._phase is Phase.TRAIN: self._n_train += 1
+        if self._flag_next or self.window.running:
+            self._flag_next = False
+            self._flag()
         self._range(Step.FORWARD if self._phase is Phase.TRAIN else Step.PREDICT)
 
     def mark(self, slot:int):
@@ -584,17 +627,20 @@ class TraceMarks:
         super().cancel(flags, close, t)
         if close: self._range()
 
+    def _finish(self, how):
+        self.trace_result = {**how(self._n_train), 'profiler_s': self._profiler_s}
+
     def stop(self, step:Step, *args, **kwargs):
         super().stop(step, *args, **kwargs)
         if step is Step.FIT:
             self._range()
-            self.trace_result = {**self.window.finish(self._n_train), 'excluded_s': self._paused}
+            self._finish(self.window.finish)
 
     def abort(self):
         try:
             self._range()
             super().abort()
-        finally: self.trace_result = {**self.window.abort(self._n_train), 'excluded_s': self._paused}
+        finally: self._finish(self.window.abort)
 
 class TracingRecorder(TraceMarks, Recorder):
     "A host-clock `Recorder` that runs `window` (a `TraceWindow`) and names each fastai step in its trace"

@@ -40,16 +40,16 @@ def train_window(rec:Recorder, n:int):
     return rows, tb.positions(idx)[1] < rec.warmup
 
 def live_values(rec:Recorder, n:int=10) -> dict:
-    "Rolling means over the last `n` train batches of `rec`, warmup left out: `{key: float}` with keys from `LIVE_KEYS`"
+    "Rolling means over the last `n` train batches of `rec`, warmup and trace-window batches left out: `{key: float}` with keys from `LIVE_KEYS`"
     rows, warm = train_window(rec, n)
-    rows = rows[~warm]
+    rows = rows[~warm & ((rows[:, FLAGS].astype(np.int64) & TRACED) == 0)]
     d = rows[:, _ENDS] - rows[:, _STARTS]  # one column per live step
     ok = ~np.isnan(d) & ((rows[:, FLAGS, None].astype(np.int64) & _FLAGS) == 0)
     calls, total = ok.sum(0), np.where(ok, d, 0.).sum(0)
     samples = np.where(ok, rows[:, SAMPLES, None], 0.).sum(0)
     out = {}
     for i, s in enumerate(_LIVE_SPANS):
-        if not calls[i]: continue  # the step did not run in this window (warmup only, or every step cancelled)
+        if not calls[i]: continue  # the step did not run in this window (warmup or traced only, or every step cancelled)
         out[DURATION_KEYS[s]] = float(total[i]/calls[i])
         if total[i] > 0 and not math.isnan(samples[i]): out[SPS_KEYS[s]] = float(samples[i]/total[i])
     return out

@@ -13,7 +13,7 @@ from pathlib import Path
 from fastcore.basics import store_attr, patch, noop
 from fastai.learner import Learner, Recorder as FastaiRecorder
 from fastai.callback.core import Callback
-from fastai.torch_core import find_bs
+from fastai.torch_core import find_bs, default_device
 from fastai.callback.schedule import LRFinder
 from . import events
 from .recorder import *
@@ -45,9 +45,10 @@ def _check_args(show_report, plain, markdown, save_csv, csv_name, warmup, sync, 
 
 # %% ../nbs/03_simpleprofiler.ipynb #fed1d529
 def _model_device(learn):
-    "The device of `learn.model`'s first parameter (CPU for a model without any)"
+    "The device the model will train on: fastai moves it to `dls.device` at the start of fit (after Pre's `before_fit`)"
     p = next(iter(learn.model.parameters()), None)
-    return p.device if p is not None else 'cpu'
+    dev = getattr(learn.dls, 'device', default_device()) if getattr(learn, 'dls', None) is not None else None  # as TrainEvalCallback
+    return dev if dev is not None else p.device if p is not None else 'cpu'
 
 def _batch_size(learn):
     "Samples in the current batch: the first target's (or input's) leading dimension"
@@ -60,6 +61,9 @@ _LIVE = ('_rec', '_draw', '_start_batch', '_mark', '_cancel', '_end_batch', '_hu
 class _Idle:
     "Stands in for the recorder while none is bound: every call does nothing"
     def __getattr__(self, k): return noop
+
+def _unmarked(self):
+    "A per-batch event this callback does not mark: defined, so fastai's dispatch finds it at once (a miss raises inside getattr)"
 
 class _FastMiss:
     "Mixin: answer fastai's per-event lookups (`training`, events not handled) directly, not via `learn` and the model"
@@ -78,6 +82,7 @@ class SimpleProfilerCallback(_FastMiss, Callback):
     order,remove_on_fetch = -1000,True
     _draw = _start_batch = _mark = _cancel = staticmethod(noop)  # bound to the recorder while a fit is recorded
     _count, _hub, _rec = False, None, None
+    after_pred = after_loss = after_backward = after_step = _unmarked
     def __init__(self,
         show_report:bool=True, # Display the formatted report after fit
         plain:bool=False, # In a notebook, display the report as plain text instead of a styled table
@@ -140,6 +145,7 @@ class SimpleProfilerPostCallback(_FastMiss, Callback):
     order,remove_on_fetch = FastaiRecorder.order-1,True
     _mark = _end_batch = staticmethod(noop)
     _hub, _rec = None, _Idle()
+    before_draw = before_batch = before_backward = after_backward = before_step = _unmarked
     def __init__(self,
         samples_per_second:bool=True, # Count samples per batch to report samples/second
     ):
@@ -175,7 +181,7 @@ def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     for k in ('simple_profile_rank_results', 'simple_profile_merged_results'): learn.__dict__.pop(k, None)
     g = gather_profile(results, failed=exc if exc is not None else False)  # every rank, once; None when not distributed
     if g is not None and not g.is_main: return _detach(rec)  # other ranks keep their own results; show, save, log nothing
-    merged, notes = None, self._notes(exc)
+    merged, notes = None, self._notes(exc, getattr(rec, 'trace_result', None))
     if g is not None and g.merged is not None:
         merged, learn.simple_profile_rank_results = g.merged, g.ranks
         learn.simple_profile_merged_results, learn.simple_profile_report = merged, format_merged(merged)
@@ -202,11 +208,20 @@ def _release(self:SimpleProfilerCallback, learn):
     return rec, hub, post
 
 @patch
-def _notes(self:SimpleProfilerCallback, exc=None):
-    "What the report's title should say about the timing mode and a fit that stopped early"
+def _notes(self:SimpleProfilerCallback, exc=None, trace:dict|None=None):
+    "What the report's title should say about the timing mode, a trace window and a fit that stopped early"
     notes = [f"sync='{self._mode}'" + (f': {self._note}' if self._note else '')] if self._mode != 'none' or self._note else []
+    if trace is not None: notes.append(_trace_note(trace))
     if exc is not None: notes.append(f'partial: the fit stopped with {type(exc).__name__}')
     return notes
+
+_EXPORT_NOTE_S = 1.0  # s: writing the trace after the fit this long is worth a word in the title
+
+def _trace_note(trace:dict) -> str:
+    "Where the trace window's batches went, and the wait after the fit when writing the trace took a while"
+    note = 'trace window: the batches torch.profiler ran in are the `trace` rows, kept out of the step statistics'
+    if trace.get('export_s', 0) >= _EXPORT_NOTE_S: note += f"; writing the trace took {trace['export_s']:.1f} s after the fit, outside the timings"
+    return note
 
 def _title(notes): return 'Simple Profiler report' + (f' ({"; ".join(notes)})' if notes else '')
 
@@ -223,7 +238,7 @@ def _save_files(self:SimpleProfilerCallback, learn, results):
 
 def _detach(rec):
     "Drop what only a live fit needs (clock, device timer, trace window), so the record pickles with the Learner"
-    for k in ('clock', 'timer', 'window', '_rf', '_clock0', '_ev', '_pending', '_span_ev', '_run_ev', '_draw_ev', '_end_ev', '_origin'):
+    for k in ('clock', 'timer', 'window', '_rf', '_record', '_bind', '_release', '_ev', '_pending', '_span_ev', '_run_ev', '_draw_ev', '_end_ev', '_origin'):
         rec.__dict__.pop(k, None)
     rec.__class__ = EventRecorder if isinstance(rec, EventRecorder) else Recorder
 

@@ -1,29 +1,38 @@
 "The command line, end to end in a subprocess: files written, exit codes."
 import os, subprocess, sys
-import pandas as pd
+import pandas as pd, pytest, torch
 
 def run(*args, cwd):
     return subprocess.run([sys.executable, '-m', 'fastxtend_prof', *args], capture_output=True, text=True, timeout=300,
                           cwd=cwd, env=dict(os.environ, PYTHONWARNINGS='ignore', MPLBACKEND='Agg'))
 
 def test_demo_writes_csv_and_chart(tmp_path):
-    p = run('demo', '--epochs', '1', '--num-workers', '0', '--no-progress', '--csv', 'out/res.csv', '--plot', 'out/chart.png', cwd=tmp_path)
+    p = run('demo', '--epochs', '1', '--num-workers', '0', '--device', 'cpu', '--no-progress', '--csv', 'out/res.csv', '--plot', 'out/chart.png', cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert 'Simple Profiler report' in p.stdout
+    assert 'Simple Profiler report' in p.stdout and "sync='" not in p.stdout   # on the CPU: host timing, no sync note
     res = pd.read_csv(tmp_path/'out'/'res.csv')
     assert {'draw', 'forward', 'backward', 'opt_step'} <= set(res.Step)
     png = (tmp_path/'out'/'chart.png').read_bytes()
     assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 5000
 
 def test_bad_option_exits_2(tmp_path):
-    for args in (['demo', '--epochs', '0'], ['demo', '--sync', 'gpu'], ['demo', '--bs', 'many'], ['demo', '--no-such-option']):
+    bad = [['demo', '--epochs', '0'], ['demo', '--sync', 'gpu'], ['demo', '--bs', 'many'], ['demo', '--no-such-option'],
+           ['demo', '--device', 'tpu'], ['--device', 'gpu']]
+    for args in bad:
         p = run(*args, cwd=tmp_path)
         assert p.returncode == 2, (args, p.returncode)
         assert p.stderr.strip().splitlines()[-1].startswith('fastxtend-prof'), p.stderr
         assert 'Traceback' not in p.stderr
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason='this machine has CUDA: --device cuda is valid here')
+def test_device_cuda_without_a_gpu_exits_2_before_training(tmp_path):
+    p = run('demo', '--device', 'cuda', '--no-progress', cwd=tmp_path)
+    assert p.returncode == 2 and 'Traceback' not in p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith('fastxtend-prof: error:') and 'no CUDA device' in p.stderr
+    assert 'Simple Profiler report' not in p.stdout   # refused before any training
+
 def test_help_lists_every_option(tmp_path):
     p = run('demo', '--help', cwd=tmp_path)
     assert p.returncode == 0
-    for opt in ('--epochs', '--bs', '--num-workers', '--slow-data', '--warmup', '--sync', '--csv', '--plot', '--trace', '--no-progress'):
+    for opt in ('--epochs', '--bs', '--num-workers', '--slow-data', '--warmup', '--device', '--sync', '--csv', '--plot', '--trace', '--no-progress'):
         assert opt in p.stdout, opt

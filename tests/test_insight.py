@@ -145,7 +145,7 @@ def test_trace_window_on_real_fit(tmp_path, monkeypatch):
     with learn.no_bar(): learn.fit(1)
     rec = learn.simple_profile_recorder
     tr = rec.trace_result
-    assert tr["trace_path"] == path and tr["batches"] == [2, 3] and tr["excluded_s"] > 0
+    assert tr["trace_path"] == path and tr["batches"] == [2, 3] and tr["profiler_s"] > 0 and tr['export_s'] > 0
     names = {e.get('name') for e in json.loads(path.read_text())['traceEvents']}
     train = {n for (p, _), n in RANGE_NAMES.items() if p is Phase.TRAIN}
     assert train <= names  # draw, forward, loss, backward, opt_step, zero_grad, other
@@ -154,10 +154,13 @@ def test_trace_window_on_real_fit(tmp_path, monkeypatch):
     fwd = tr['key_averages_by_step']['train/forward']
     assert list(fwd.columns[:3]) == ['Op', 'Calls', 'Self CPU'] and (fwd['Self CPU'] >= 0).all()
     assert fwd.Op.str.startswith('aten::').any()
-    # the profile itself is intact: every train batch recorded, phases add up
+    # the profile itself is intact: every train batch recorded, phases add up; the profiler's start lands in batch 0's
+    # `other`, its stop in batch 3's, and 1-3 ran under it: those four are the `trace` row, batch 4 is the steady one
     res = learn.simple_profile_results
     assert rec.tables[Phase.TRAIN].n == 5
     r = res.set_index(['Phase', 'Step'])
+    assert r.loc[('train', 'trace'), 'Number of Calls'] == 4 and r.loc[('train', 'draw'), 'Number of Calls'] == 1
+    assert ('valid', 'trace') not in r.index  # the window ended inside the train loop
     assert res[(res.Phase == 'train') & (res.Action == res.Step)]['Total Time'].sum() == pytest.approx(r.loc[('fit', 'train'), 'Total Time'])
     # torch's matcher finds fastai's zero_grad (zeroes instead of None); its TF32 finding is dropped on CPU
     adv = learner_advice(learn, show=False)
@@ -174,6 +177,9 @@ def test_trace_window_spanning_epochs_records_valid_loop(tmp_path, monkeypatch):
     with learn.no_bar(): learn.fit(2)
     tr = learn.simple_profile_recorder.trace_result
     assert tr['batches'] == [3, 4, 5]
+    r = learn.simple_profile_results.set_index(['Phase', 'Step'])
+    assert r.loc[('train', 'trace'), 'Number of Calls'] == 4   # 2 (start), 3, then 4 and 5 after the valid loop (stop)
+    assert r.loc[('valid', 'trace'), 'Number of Calls'] == 2   # the first epoch's valid loop ran under the profiler
     names = {e.get('name') for e in json.loads(path.read_text())['traceEvents']}
     assert {'valid/draw', 'valid/predict', 'train/forward'} <= names
 
@@ -199,13 +205,12 @@ def test_trace_window_too_short_fit_warns(tmp_path):
     assert res['trace_path'] is None and not (tmp_path/'t.json').exists()
     assert not torch.autograd._profiler_enabled()
 
-def test_profiler_start_stop_is_kept_out_of_timings(tmp_path):
-    from fastxtend_prof.recorder import Step
+def test_profiler_start_stop_goes_to_the_trace_row(tmp_path):
+    "On a fake clock: torch.profiler taking 10 s to start and to stop lands in the batches flagged for the `trace` row"
+    from fastxtend_prof.recorder import Step, summarize, TRACED, FLAGS
     from fastxtend_prof.insight import TracingRecorder
-    class Clock:
-        t = 0.0
-        def __call__(self): return self.t
-    clk = Clock()
+    from fakes import ManualClock
+    clk = ManualClock()
     class SlowWindow(TraceWindow):
         def step(self, k):
             if self.changes(k): clk.t += 10.0  # as if torch.profiler took 10 s to start or to stop
@@ -215,9 +220,56 @@ def test_profiler_start_stop_is_kept_out_of_timings(tmp_path):
     for _ in range(3):
         rec.draw(); clk.t += 1; rec.start_batch(); rec.end_batch(1); clk.t += 1
     rec.draw(); rec.end_phase(); rec.stop(Step.FIT)
-    assert rec.trace_result['excluded_s'] == 20.0  # started before batch 1, stopped before batch 2
-    assert list(rec.spans[Step.FIT]) == [6.0]
+    assert rec.trace_result['profiler_s'] == 20.0  # started before batch 1 (in batch 0's other), stopped before batch 2 (in 1's)
+    assert list(rec.spans[Step.FIT]) == [26.0]      # the fit took what it took
     m = rec.tables[Phase.TRAIN].matrix()
-    from fastxtend_prof.recorder import DRAW, BATCH, DONE, END
-    assert (m[:, BATCH] - m[:, DRAW]).tolist() == [1, 1, 1] and (m[:, END] - m[:, DONE]).tolist() == [1, 1, 1]
+    assert ((m[:, FLAGS].astype(int) & TRACED) != 0).tolist() == [True, True, False]
+    rows = {str(s): st for p, _, s, st in summarize(rec) if p is Phase.TRAIN}
+    assert rows['trace']['Number of Calls'] == 2 and rows['trace']['Total Time'] == 24.0
+    assert rows['draw']['Number of Calls'] == 1 and rows['other']['Max Duration'] == 1.0   # batch 2 alone, untouched
+    assert sum(rows[s]['Total Time'] for s in ('draw', 'batch', 'other', 'warmup', 'trace')) == 26.0
     assert rec.trace_result['batches'] == [1] and rec.trace_result['trace_path'] == tmp_path/'t.json'
+
+START, EXPORT = 0.3, 1.2  # s: a CUDA-like profiler start (CUPTI takes seconds there) and a slow export
+
+class SlowWindow(TraceWindow):
+    "A trace window whose torch.profiler is slow to start, switch and stop, and whose export is slow: the seam for known delays"
+    def step(self, k):
+        if self.changes(k): time.sleep(START)
+        super().step(k)
+    def _export(self):
+        time.sleep(EXPORT)
+        return super()._export()
+
+@pytest.mark.parametrize('mode', ['none', 'events'])
+def test_trace_window_is_kept_out_of_the_statistics(tmp_path, monkeypatch, capsys, mode):
+    "The profiler's start/stop, the batches it slows and its export: in the `trace` row and the totals, in no step and no rule"
+    from fakes import MirrorTimer
+    from fastxtend_prof.recorder import make_recorder
+    if mode == 'events': monkeypatch.setattr(simpleprofiler, 'make_recorder', partial(make_recorder, timer=MirrorTimer()))
+    trace_next_fits(monkeypatch, SlowWindow(tmp_path/'t.json', wait=3, warmup=1, active=2))
+    learn = synth_learner(n_trn=30, n_val=4).profile(plain=True, sync=mode)
+    with learn.no_bar(): learn.fit(1)
+    assert learn.simple_profile_sync == mode
+    res = learn.simple_profile_results
+    r = res.set_index(['Phase', 'Step'])
+    # batches 2-5: the start at batch 3's draw lands in 2's `other`, 3-5 ran under the profiler, its stop lands in 5's
+    assert r.loc[('train', 'trace'), 'Number of Calls'] == 4
+    assert r.loc[('train', 'trace'), 'Total Time'] >= 3*START        # start, warmup->record, stop
+    steady = res[(res.Phase == 'train') & (res.Step != 'trace')]
+    assert (steady['Max Duration'] < START/3).all(), steady[['Step', 'Max Duration']]   # no step holds any of it
+    top = res[(res.Phase == 'train') & (res.Action == res.Step)]['Total Time'].sum()
+    assert top == pytest.approx(r.loc[('fit', 'train'), 'Total Time'], rel=1e-6)       # ... and the phase still adds up
+    assert not {a.rule for a in learn.profile_advice} & {'unstable_steps', 'heavy_callbacks', 'startup', 'data_bound'}
+    tr = learn.profile_trace
+    assert tr['profiler_s'] >= 3*START and tr['export_s'] >= EXPORT
+    assert r.loc[('fit', 'fit'), 'Total Time'] < tr['profiler_s'] + EXPORT   # the export came after the fit's timing
+    title = next(l for l in capsys.readouterr().out.splitlines() if l.startswith('Simple Profiler report'))
+    assert '`trace` rows' in title and f"writing the trace took {tr['export_s']:.1f} s after the fit" in title
+    tl = learn.profile_timeline()
+    assert tl[tl.phase == 'train'].trace.tolist() == [False]*2 + [True]*4 + [False]*24
+    assert not (tl.trace & tl.warmup).any()
+    bars = {p.get_gid(): p.get_width() for p in learn.plot_profile().axes[0].patches if p.get_gid()}
+    assert bars['train:trace'] == pytest.approx(r.loc[('train', 'trace'), 'Total Time']) and 'valid:trace' not in bars
+    spans = [(p.get_x(), p.get_width()) for p in learn.plot_profile_timeline().axes[0].patches if p.get_gid() == 'trace']
+    assert spans == [(2, 4)]
