@@ -1,12 +1,16 @@
 """Per-batch overhead of profiling a fastai fit: no profiler, the floor, fastxtend_prof, and fastxtend 0.1.7 if installed.
 
-The floor is what any design built on a `before_draw` event and a pair of callbacks pays in fastai's own dispatch:
-the loop that emits `before_draw`, plus two bare callbacks, ordered as ours, that only append `perf_counter()` at the
-same events. Each configuration lives in its own process (one torch thread; fastxtend patches fastai globally, so it
-can't share one). The parent interleaves the repeats: each round asks every process, in rotating order, for one timed
-fit of fastai's `synth_learner`, so the machine's slow drifts hit all configurations alike. The table shows medians
-over rounds: microseconds per batch, the cost each configuration adds over no profiler in the same round, and that
-added cost as a ratio of the floor's.
+The floor is the cheapest honest design of this kind: the loop that emits `before_draw`, plus two bare callbacks,
+ordered as ours, that each append `perf_counter()` at every per-batch event fastai dispatches (`before_draw` and
+fastai's eight: `before_batch`, `after_pred`, `after_loss`, `before_backward`, `after_backward`, `before_step`,
+`after_step`, `after_batch`) and answer fastai's `training` lookup themselves, so that nothing falls through to the
+Learner and the model (a failed lookup there costs ~10 µs). Each configuration lives in its own process (one torch
+thread; fastxtend patches fastai globally, so it can't share one). The parent interleaves the repeats: each round asks
+every process, in rotating order, for one timed fit of fastai's `synth_learner`, so the machine's slow drifts hit all
+configurations alike. Each fit is timed twice: fastai's epoch loop alone (`Learner._do_fit`: every batch, but not
+`before_fit`/`after_fit` nor what runs after the fit, such as the reports), which is the per-batch cost, and the whole
+`fit` call. The table shows medians over rounds: microseconds per batch, the cost each configuration adds over no
+profiler in the same round, that cost as a ratio of the floor's, and the fixed cost per fit outside the loop.
 
     python benchmarks/overhead.py                      # 30 rounds of 1,000 batches per configuration
     python benchmarks/overhead.py --rounds 60 --batches 2000
@@ -25,23 +29,16 @@ def make_learner(mode, batches):
     if mode == 'floor':
         import fastxtend_prof.events  # noqa: F401  registers before_draw and the loop that emits it
         from time import perf_counter
-        class FloorPre(Callback):
-            order = -1000
+        def stamp(self): self.t.append(perf_counter())
+        class Floor(Callback):
+            "Appends perf_counter() at every per-batch event fastai dispatches, and answers `training` itself"
             def __init__(self): self.t = []
             def before_fit(self): self.t = []
-            def before_draw(self): self.t.append(perf_counter())
-            def before_batch(self): self.t.append(perf_counter())
-            def before_backward(self): self.t.append(perf_counter())
-            def before_step(self): self.t.append(perf_counter())
-            def after_batch(self): self.t.append(perf_counter())
-        class FloorPost(Callback):
-            order = 49
-            def __init__(self): self.t = []
-            def before_fit(self): self.t = []
-            def after_pred(self): self.t.append(perf_counter())
-            def after_loss(self): self.t.append(perf_counter())
-            def after_step(self): self.t.append(perf_counter())
-            def after_batch(self): self.t.append(perf_counter())
+            @property
+            def training(self): return self.learn.training  # else fastai's per-event lookup falls through Learner to the model
+            before_draw = before_batch = after_pred = after_loss = before_backward = after_backward = before_step = after_step = after_batch = stamp
+        class FloorPre(Floor): order = -1000
+        class FloorPost(Floor): order = 49
         cbs = [FloorPre(), FloorPost()]
     learn = synth_learner(n_trn=batches, n_val=max(1, batches//10), cbs=cbs)
     learn.remove_cb(ProgressCallback)
@@ -61,9 +58,13 @@ def attach(learn, mode):
         learn.profile(mode=ProfileMode.Simple, show_report=False)
 
 def worker(mode, batches):
-    "Serve timed fits: one per line read from stdin, answering µs per batch (wall and CPU) as JSON"
+    "Serve timed fits, one per 'go' line on stdin, answering as JSON: the epoch loop's and the whole fit's µs per batch"
     learn = make_learner(mode, batches)
-    n = batches + max(1, batches//10)
+    n, loop = batches + max(1, batches//10), []
+    do_fit = learn._do_fit
+    def timed_do_fit():  # fastai's epoch loop, without before_fit/after_fit and what runs after the fit (reports)
+        t = time.perf_counter(); do_fit(); loop.append(time.perf_counter() - t)
+    learn._do_fit = timed_do_fit
     for _ in range(2):  # warm up: first-call costs, allocator, caches
         attach(learn, mode)
         with learn.no_logging(): learn.fit(1)
@@ -72,10 +73,10 @@ def worker(mode, batches):
         if line.strip() != 'go': break
         attach(learn, mode)
         with learn.no_logging():
-            w, c = time.perf_counter(), time.process_time()
+            w = time.perf_counter()
             learn.fit(1)
-            w, c = time.perf_counter() - w, time.process_time() - c
-        print(json.dumps([1e6*w/n, 1e6*c/n]), flush=True)
+            w = time.perf_counter() - w
+        print(json.dumps([1e6*loop[-1]/n, 1e6*w/n]), flush=True)
 
 def available(mode):
     if mode != 'fastxtend': return True
@@ -96,24 +97,24 @@ def main():
     for m, pr in list(procs.items()):
         if pr.stdout.readline().strip() != 'ready':
             print(f'{m}: worker failed to start', file=sys.stderr); procs.pop(m); modes.remove(m)
-    wall, cpu = {m: [] for m in modes}, {m: [] for m in modes}
+    loop, fit = {m: [] for m in modes}, {m: [] for m in modes}
     for r in range(a.rounds):
         for m in modes[r % len(modes):] + modes[:r % len(modes)]:  # rotate who goes first
             procs[m].stdin.write('go\n'); procs[m].stdin.flush()
-            w, c = json.loads(procs[m].stdout.readline())
-            wall[m].append(w); cpu[m].append(c)
-        print(f'round {r+1}/{a.rounds}: ' + ', '.join(f'{m} {wall[m][-1]:.0f}' for m in modes), file=sys.stderr)
+            lp, ft = json.loads(procs[m].stdout.readline())
+            loop[m].append(lp); fit[m].append(ft)
+        print(f'round {r+1}/{a.rounds}: ' + ', '.join(f'{m} {loop[m][-1]:.0f}' for m in modes), file=sys.stderr)
     for pr in procs.values(): pr.stdin.close(); pr.wait()
-    print(f'\n{a.batches} train + {max(1, a.batches//10)} valid batches per fit, {a.rounds} interleaved rounds, one thread, '
-          f'medians over rounds (added: this configuration minus `none` in the same round)')
-    print(f'{"configuration":<14}{"wall µs/batch":>14}{"added µs":>10}{"× floor":>9}{"CPU µs/batch":>14}{"added µs":>10}{"× floor":>9}')
+    n = a.batches + max(1, a.batches//10)
+    added = lambda t, m: statistics.median(x - y for x, y in zip(t[m], t['none']))
+    print(f'\n{a.batches} train + {n - a.batches} valid batches per fit, {a.rounds} interleaved rounds, one thread, medians over rounds. '
+          f'loop: fastai\'s epoch loop (the per-batch cost); fit: the whole `fit` call, reports included; added: minus `none` in the same round')
+    print(f'{"configuration":<14}{"loop µs/batch":>14}{"added µs":>10}{"× floor":>9}{"fit µs/batch":>14}{"added µs":>10}{"outside the loop":>18}')
     for m in modes:
-        row = f'{m:<14}'
-        for t in (wall, cpu):
-            added = [x - y for x, y in zip(t[m], t['none'])]
-            floor = statistics.median(x - y for x, y in zip(t['floor'], t['none'])) if 'floor' in t else float('nan')
-            add = statistics.median(added)
-            row += f'{statistics.median(t[m]):>14.1f}{add:>10.1f}' + (f'{add/floor:>9.2f}' if m not in ('none',) else f'{"":>9}')
+        row = f'{m:<14}{statistics.median(loop[m]):>14.1f}{added(loop, m):>10.1f}'
+        row += f'{added(loop, m)/added(loop, "floor"):>9.2f}' if m != 'none' and 'floor' in modes else f'{"":>9}'
+        outside = (added(fit, m) - added(loop, m))*n/1e3  # ms per fit: before_fit, after_fit, the report and advice
+        row += f'{statistics.median(fit[m]):>14.1f}{added(fit, m):>10.1f}' + (f'{outside:>15.1f} ms' if m != 'none' else '')
         print(row)
 
 if __name__ == '__main__': main()
