@@ -485,11 +485,6 @@ class TraceWindow:
         self.record_shapes, self.with_stack, self.top = record_shapes, with_stack, top
         self.prof, self.result, self._k, self._ready, self._stopped = None, None, -1, False, False
 
-    @property
-    def batches(self) -> range:
-        "Train batches the profiler runs in (warmup and active): their times include its overhead"
-        return range(self.wait, self.wait + self.warmup + self.active)
-
     def action(self, k:int) -> ProfilerAction:
         "torch.profiler's action for train batch `k`"
         w, a = self.wait + self.warmup, self.wait + self.warmup + self.active
