@@ -195,8 +195,9 @@ def _startups(rec, phase, steps):
     tb = rec.tables[phase]
     m, off, d = tb.view(), tb.offset, phase_intervals(tb, rec.warmup, steps)[Step.DRAW][0]
     steady = float(np.nanmedian(d)) if np.isfinite(d).any() else math.nan
+    traced = traced_rows(m)  # a trace window's stop may land in a loop's first batch
     later = [m[first - off, BATCH] - t0 for i, (first, _, t0) in enumerate(_runs(tb))
-             if i > 0 and 0 <= first - off < len(m) and not int(m[first - off, FLAGS]) & TRACED]  # a trace window's stop may land there
+             if i > 0 and 0 <= first - off < len(m) and not traced[first - off]]
     return np.array(later), steady
 
 def startup(results:pd.DataFrame, rec:Recorder|None, ctx:dict) -> list:

@@ -42,7 +42,7 @@ def train_window(rec:Recorder, n:int):
 def live_values(rec:Recorder, n:int=10) -> dict:
     "Rolling means over the last `n` train batches of `rec`, warmup and trace-window batches left out: `{key: float}` with keys from `LIVE_KEYS`"
     rows, warm = train_window(rec, n)
-    rows = rows[~warm & ((rows[:, FLAGS].astype(np.int64) & TRACED) == 0)]
+    rows = rows[~warm & ~traced_rows(rows)]
     d = rows[:, _ENDS] - rows[:, _STARTS]  # one column per live step
     ok = ~np.isnan(d) & ((rows[:, FLAGS, None].astype(np.int64) & _FLAGS) == 0)
     calls, total = ok.sum(0), np.where(ok, d, 0.).sum(0)

@@ -48,7 +48,7 @@ def _phase_frame(rec, phase, steps, origin):
     ivs = phase_intervals(tb, 0, [s for s in steps if s not in APART], apart=False)  # every batch's own times
     cols = {str(s): d for s, (d, _) in ivs.items()}
     total = cols['draw'] + cols['batch'] + cols['other']
-    traced = (m[:, FLAGS].astype(np.int64) & TRACED) != 0
+    traced = traced_rows(m)
     return pd.DataFrame(dict(phase=str(phase), epoch=epoch, iter=it, warmup=(it < rec.warmup) & ~traced, trace=traced, start=m[:, DRAW] - origin,
                              samples=m[:, SAMPLES], **cols, total=total))
 

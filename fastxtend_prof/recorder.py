@@ -8,8 +8,9 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/recorder.html.md"""
 __all__ = ['DRAW', 'BATCH', 'PRED', 'LOSS', 'BACKWARD', 'STEP', 'STEPPED', 'ZEROED', 'DONE', 'END', 'SAMPLES', 'FLAGS', 'N_SLOTS',
            'NO_BACKWARD', 'NO_STEP', 'NO_ZERO_GRAD', 'TRACED', 'TRAIN_STEPS', 'VALID_STEPS', 'SUB_STEPS', 'TOP_STEPS',
            'APART', 'SPANS', 'host_clock', 'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step',
-           'BatchTable', 'SyncClock', 'Recorder', 'FakeClock', 'phase_intervals', 'stats', 'StepSummary', 'fold',
-           'empty_runs', 'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder']
+           'BatchTable', 'SyncClock', 'Recorder', 'FakeClock', 'traced_rows', 'phase_intervals', 'stats', 'StepSummary',
+           'fold', 'empty_runs', 'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view',
+           'make_recorder']
 
 # %% ../nbs/00_recorder.ipynb #23875a1a
 import math, time
@@ -195,6 +196,10 @@ class FakeClock:
         return self.t
 
 # %% ../nbs/00_recorder.ipynb #c3bfbe65
+def traced_rows(m) -> np.ndarray:
+    "Which rows of marks `m` (an `(n, N_SLOTS)` array) a trace window touched: flagged `TRACED`"
+    return (m[:, FLAGS].astype(np.int64) & TRACED) != 0
+
 def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS, apart:bool=True):
     "Durations and sample counts per step of `table`'s buffered rows: `{step: (durations, samples)}`; NaN marks a step that did not run"
     m, off = table.view(), table.offset
@@ -205,7 +210,7 @@ def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS, apart:bool=
         if first >= off: lead[first-off] = m[first-off, DRAW] - t0
         if apart: warm[max(first, off)-off:max(min(first+warmup, nxt)-off, 0)] = True
     flags, samples = m[:, FLAGS].astype(np.int64), m[:, SAMPLES].copy()
-    traced = (flags & TRACED) != 0 if apart else np.zeros(n, dtype=bool)
+    traced = traced_rows(m) if apart else np.zeros(n, dtype=bool)
     warm &= ~traced  # a batch the trace window touched is the window's, even among the warmup batches
     kept_apart = warm | traced
     any_apart, out = kept_apart.any(), {}
