@@ -19,7 +19,7 @@ from fastai.learner import Learner
 from fastai.data.core import DataLoaders
 from fastai.callback.progress import *  # noqa: F401,F403  (no_bar)
 from fastai.optimizer import SGD
-from fastxtend_prof.recorder import Recorder, Phase, Step, PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED
+from fastxtend_prof.recorder import TimingRecorder, Phase, Step, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH
 import fastxtend_prof.simpleprofiler  # noqa: F401  (adds Learner.profile)
 from fastxtend_prof.loggers import LoggerHub, Logger, register_logger, KNOWN_LOGGERS
 
@@ -62,11 +62,11 @@ def main(batches=400, repeats=9):
     register_logger('_null', Null)
     null_cb = types.SimpleNamespace(name='_null', run=True)
     stub = types.SimpleNamespace(_null=null_cb, cbs=[null_cb])
-    rec = Recorder(warmup=1)
+    rec = TimingRecorder(warmup=1)
     rec.start(Step.FIT); rec.start(Step.EPOCH); rec.begin_phase(Phase.TRAIN)
     for _ in range(100):
         rec.draw(); rec.start_batch()
-        for s in (PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED): rec.mark(s)
+        for s in (AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH): rec.mark(s)
         rec.end_batch(8)
     hub10, hub1 = LoggerHub.create(stub, '_null', 10), LoggerHub.create(stub, '_null', 1)
     hub10_s = per_call(lambda: hub10.after_train_batch(stub, rec), 20_000)

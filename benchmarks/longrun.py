@@ -15,8 +15,8 @@ import argparse, json, resource, subprocess, sys, time, tracemalloc
 def _maxrss(): return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024  # Linux reports KiB
 
 def worker(keep_raw, batches, epochs, trace):
-    from fastxtend_prof.recorder import Recorder, summarize, Phase, Step, PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED
-    rec = Recorder(warmup=1, keep_raw=keep_raw)
+    from fastxtend_prof.recorder import TimingRecorder, summarize, Phase, Step, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH
+    rec = TimingRecorder(warmup=1, keep_raw=keep_raw)
     per_epoch = [batches//epochs + (i < batches % epochs) for i in range(epochs)]
     base = _maxrss()
     if trace: tracemalloc.start()
@@ -28,7 +28,7 @@ def worker(keep_raw, batches, epochs, trace):
         rec.begin_phase(Phase.TRAIN)
         for _ in range(n):
             draw(); start(16.)
-            mark(PRED); mark(LOSS); mark(BACKWARD); mark(STEP); mark(STEPPED); mark(ZEROED)
+            mark(AFTER_PRED); mark(AFTER_LOSS); mark(BEFORE_BACKWARD); mark(BEFORE_STEP); mark(AFTER_STEP); mark(PRE_AFTER_BATCH)
             end()
         draw()
         rec.end_phase()

@@ -6,7 +6,7 @@ import numpy as np, pytest
 from fastai.learner import Learner
 from fastai.callback.core import Callback
 from fastai.test_utils import synth_learner
-from fastxtend_prof.recorder import Phase, DRAW, BATCH, PRED, LOSS, BACKWARD, STEP, STEPPED, DONE, SAMPLES, FLAGS, NO_STEP
+from fastxtend_prof.recorder import Phase, BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, POST_AFTER_BATCH, SAMPLES, FLAGS, NO_STEP
 from fastxtend_prof.report import RESULT_COLS
 from fastxtend_prof.loggers import (KNOWN_LOGGERS, LIVE_KEYS, Logger, LoggerHub, register_logger, check_logger_callback,
                                     fastai_wandb_bug_4173)
@@ -52,8 +52,8 @@ def expected_window(m, end, n, starts, warmup=1):
     idx = np.arange(end - n, end)
     run_start = np.array([max(s for s in starts if s <= i) for i in idx])
     rows = m[idx[idx - run_start >= warmup]]
-    spans = dict(draw=(DRAW, BATCH), batch=(BATCH, DONE), forward=(BATCH, PRED), loss=(PRED, LOSS),
-                 backward=(BACKWARD, STEP), opt_step=(STEP, STEPPED))
+    spans = dict(draw=(BEFORE_DRAW, BEFORE_BATCH), batch=(BEFORE_BATCH, POST_AFTER_BATCH), forward=(BEFORE_BATCH, AFTER_PRED), loss=(AFTER_PRED, AFTER_LOSS),
+                 backward=(BEFORE_BACKWARD, BEFORE_STEP), opt_step=(BEFORE_STEP, AFTER_STEP))
     out = {}
     for s, (a, b) in spans.items():
         ok = ~np.isnan(rows[:, a]) & ~np.isnan(rows[:, b])
@@ -332,16 +332,16 @@ def test_profile_tensorboard(tmp_path):
 
 def test_live_values_with_folded_rows():
     "With `keep_raw=False` the recorder folds its rows away every `chunk` batches: the window holds what is still buffered"
-    from fastxtend_prof.recorder import Recorder, FakeClock, Step, ZEROED
+    from fastxtend_prof.recorder import TimingRecorder, FakeClock, Step, PRE_AFTER_BATCH
     from fastxtend_prof.loggers import live_values, train_window
-    if 'keep_raw' not in inspect.signature(Recorder).parameters: pytest.skip('this recorder keeps every row')
-    raw, lean = Recorder(warmup=1, clock=FakeClock(step=0.5)), Recorder(warmup=1, clock=FakeClock(step=0.5), keep_raw=False, chunk=4)
+    if 'keep_raw' not in inspect.signature(TimingRecorder).parameters: pytest.skip('this recorder keeps every row')
+    raw, lean = TimingRecorder(warmup=1, clock=FakeClock(step=0.5)), TimingRecorder(warmup=1, clock=FakeClock(step=0.5), keep_raw=False, chunk=4)
     for r in (raw, lean): r.start(Step.FIT); r.start(Step.EPOCH); r.begin_phase(Phase.TRAIN)
     sizes = []
     for i in range(11):
         for r in (raw, lean):
             r.draw(); r.start_batch()
-            for slot in (PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED): r.mark(slot)
+            for slot in (AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH): r.mark(slot)
             r.end_batch(8 + i)
         k = len(train_window(lean, 3)[0])
         sizes.append(k)

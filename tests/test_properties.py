@@ -7,13 +7,13 @@
   floor(q*(n-1)), so within the bracket numpy interpolates in, widened by one bin.
 - Merging partial summaries, in any order and any split, gives the summary of the whole: exactly for counts,
   extremes, histogram and percentiles; up to rounding for totals and moments.
-- A `Recorder` fed random fits through a fake clock gives the same report with `keep_raw=False` (folding every
+- A `TimingRecorder` fed random fits through a fake clock gives the same report with `keep_raw=False` (folding every
   `chunk` rows, runs straddling folds) as with `keep_raw=True`, and its top-level rows partition each phase."""
 import math
 import numpy as np, pytest
 from hypothesis import given, settings, example, strategies as st, HealthCheck
-from fastxtend_prof.recorder import (empty_runs, stats, StepSummary, EDGES, STAT_COLS, Recorder, FakeClock, summarize, phase_intervals,
-                                     Phase, Step, N_SLOTS, PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED, NO_BACKWARD, NO_STEP)
+from fastxtend_prof.recorder import (empty_runs, stats, StepSummary, EDGES, STAT_COLS, TimingRecorder, FakeClock, summarize, phase_intervals,
+                                     Phase, Step, N_SLOTS, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH, NO_BACKWARD, NO_STEP)
 
 BIN = 10**(1/50)  # the width of one histogram bin, as a ratio (BINS_PER_DECADE = 50)
 QS = (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0)
@@ -164,7 +164,7 @@ def test_summary_quantile_is_monotone():
     est = [s.quantile(q) for q in np.linspace(0, 1, 101)]
     assert est == sorted(est), [(q, e) for q, e in zip(np.linspace(0, 1, 101), est)][:4]
 
-# ------------------------------------------------------------------------------- Recorder: folded == raw, partition
+# ------------------------------------------------------------------------------- TimingRecorder: folded == raw, partition
 BATCH_KINDS = ('full', 'no_backward', 'no_step', 'cancel_batch', 'no_draw')
 
 def drive(rec, epochs, kinds):
@@ -182,14 +182,14 @@ def drive(rec, epochs, kinds):
                 rec.start_batch(16.)
                 if kind == 'cancel_batch':  # e.g. CancelBatchException in after_pred's callbacks
                     rec.cancel(); rec.end_batch(); continue
-                rec.mark(PRED); rec.mark(LOSS)
-                if kind == 'valid': rec.mark(ZEROED); rec.end_batch(); continue
+                rec.mark(AFTER_PRED); rec.mark(AFTER_LOSS)
+                if kind == 'valid': rec.mark(PRE_AFTER_BATCH); rec.end_batch(); continue
                 if kind == 'no_backward': rec.cancel(NO_BACKWARD, close=False)
-                else: rec.mark(BACKWARD)
-                rec.mark(STEP)
+                else: rec.mark(BEFORE_BACKWARD)
+                rec.mark(BEFORE_STEP)
                 if kind == 'no_step': rec.cancel(NO_STEP, close=False)
-                else: rec.mark(STEPPED)
-                rec.mark(ZEROED); rec.end_batch()
+                else: rec.mark(AFTER_STEP)
+                rec.mark(PRE_AFTER_BATCH); rec.end_batch()
             rec.draw()  # the draw that finds the loader empty
             rec.end_phase()
         rec.stop(Step.EPOCH)
@@ -203,8 +203,8 @@ kinds = st.lists(st.sampled_from(BATCH_KINDS), min_size=1, max_size=7)
 @given(fits, kinds, st.integers(0, 3), st.integers(1, 7), st.integers(0, 2**32-1))
 def test_folded_recorder_reports_like_the_raw_one(epochs, kinds_, warmup, chunk, seed):
     ticks = np.cumsum(np.random.default_rng(seed).lognormal(-7, 1.5, 4000)).tolist()
-    raw = drive(Recorder(warmup=warmup, clock=FakeClock(list(ticks))), epochs, kinds_)
-    folded = drive(Recorder(warmup=warmup, clock=FakeClock(list(ticks)), keep_raw=False, chunk=chunk), epochs, kinds_)
+    raw = drive(TimingRecorder(warmup=warmup, clock=FakeClock(list(ticks))), epochs, kinds_)
+    folded = drive(TimingRecorder(warmup=warmup, clock=FakeClock(list(ticks)), keep_raw=False, chunk=chunk), epochs, kinds_)
     for p in (Phase.TRAIN, Phase.VALID):  # constant size: never more than `chunk` rows buffered
         assert len(folded.tables[p].data) < chunk*N_SLOTS and folded.tables[p].n == raw.tables[p].n
     exact = {p: phase_intervals(raw.tables[p], warmup, raw.tables[p].steps) for p in (Phase.TRAIN, Phase.VALID)}
@@ -228,7 +228,7 @@ def test_folded_recorder_reports_like_the_raw_one(epochs, kinds_, warmup, chunk,
 @given(fits, kinds, st.integers(0, 3), st.sampled_from([True, False]), st.integers(0, 2**32-1))
 def test_top_rows_partition_each_phase_and_count_every_batch(epochs, kinds_, warmup, keep_raw, seed):
     ticks = np.cumsum(np.random.default_rng(seed).lognormal(-7, 1.5, 4000)).tolist()
-    rec = drive(Recorder(warmup=warmup, clock=FakeClock(ticks), keep_raw=keep_raw, chunk=3), epochs, kinds_)
+    rec = drive(TimingRecorder(warmup=warmup, clock=FakeClock(ticks), keep_raw=keep_raw, chunk=3), epochs, kinds_)
     rows = {(str(p), str(s)): st_ for p, _, s, st_ in summarize(rec)}
     fit_total = rows[('fit', 'fit')]['Total Time']
     assert rows[('fit', 'epoch')]['Total Time'] <= fit_total

@@ -6,8 +6,8 @@ from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (Learner.profile)
 from fakes import MirrorTimer, ManualClock
 from fastxtend_prof import simpleprofiler
-from fastxtend_prof.recorder import (Recorder, EventRecorder, SyncClock, TorchEventTimer, make_recorder, summarize, device_view,
-                                     Phase, Step, StepSummary, PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED, N_SLOTS)
+from fastxtend_prof.recorder import (TimingRecorder, EventRecorder, SyncClock, TorchEventTimer, make_recorder, summarize, device_view,
+                                     Phase, Step, StepSummary, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH, N_SLOTS)
 
 def use_mode(monkeypatch, mode):
     "Make the callbacks build the recorder of `mode` on this CPU machine, through the injectable seam"
@@ -49,11 +49,11 @@ def test_cpu_falls_back_to_host_clock_and_says_so(capsys):
     assert "sync='none': sync='events' needs an accelerator" in capsys.readouterr().out
 
 def test_raw_rows_stay_under_100_bytes_per_batch():
-    rec = Recorder()
+    rec = TimingRecorder()
     rec.start(Step.FIT); rec.start(Step.EPOCH); rec.begin_phase(Phase.TRAIN)
     for _ in range(100_000):
         rec.draw(); rec.start_batch()
-        for slot in (PRED, LOSS, BACKWARD, STEP, STEPPED, ZEROED): rec.mark(slot)
+        for slot in (AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH): rec.mark(slot)
         rec.end_batch(16)
     rec.end_phase(); rec.stop(Step.EPOCH); rec.stop(Step.FIT)
     assert rec.nbytes()/100_000 <= 100
@@ -61,7 +61,7 @@ def test_raw_rows_stay_under_100_bytes_per_batch():
     assert tbl.data.itemsize*len(tbl.data) == 96*100_000 and len(tbl.runs) == 1
 
 def test_summaries_stay_constant_size_for_a_million_batches():
-    rec = Recorder(keep_raw=False)
+    rec = TimingRecorder(keep_raw=False)
     rec.start(Step.FIT); rec.start(Step.EPOCH); rec.begin_phase(Phase.TRAIN)
     tracemalloc.start()
     sizes = []
@@ -80,13 +80,13 @@ def test_summaries_stay_constant_size_for_a_million_batches():
     assert t < 1.0
 
 def test_a_million_raw_batches_summarised_in_under_a_second():
-    rec = Recorder()
+    rec = TimingRecorder()
     rec.start(Step.FIT); rec.start(Step.EPOCH); rec.begin_phase(Phase.TRAIN)
     tbl = rec.tables[Phase.TRAIN]
     n = 1_000_000
     t0 = np.arange(n, dtype=np.float64)*1e-3
     m = np.full((n, N_SLOTS), np.nan)
-    for slot in range(10): m[:, slot] = t0 + slot*1e-4   # DRAW..END, one tenth of a ms apart
+    for slot in range(10): m[:, slot] = t0 + slot*1e-4   # BEFORE_DRAW..NEXT_DRAW, one tenth of a ms apart
     m[:, -2], m[:, -1] = 16, 0
     tbl.data.frombytes(m.tobytes())
     tbl.runs[-1][1] = 0.0
@@ -142,9 +142,9 @@ def test_device_times_stay_exact_hours_into_a_fit():
     steps = dict(draw=0.7e-3, forward=1.2345e-3, loss=0.3e-3, backward=2.5e-3, opt_step=0.81e-3, zero_grad=0.11e-3)
     for _ in range(20):
         rec.draw(); clk.t += steps['draw']; rec.start_batch(16)
-        clk.t += steps['forward']; rec.mark(PRED); clk.t += steps['loss']; rec.mark(LOSS)
-        rec.mark(BACKWARD); clk.t += steps['backward']; rec.mark(STEP); clk.t += steps['opt_step']; rec.mark(STEPPED)
-        clk.t += steps['zero_grad']; rec.mark(ZEROED); rec.end_batch(16); clk.t += 1e-4
+        clk.t += steps['forward']; rec.mark(AFTER_PRED); clk.t += steps['loss']; rec.mark(AFTER_LOSS)
+        rec.mark(BEFORE_BACKWARD); clk.t += steps['backward']; rec.mark(BEFORE_STEP); clk.t += steps['opt_step']; rec.mark(AFTER_STEP)
+        clk.t += steps['zero_grad']; rec.mark(PRE_AFTER_BATCH); rec.end_batch(16); clk.t += 1e-4
     rec.end_phase(); rec.stop(Step.EPOCH); rec.stop(Step.FIT)
     dev = {str(r[2]): r[3] for r in summarize(device_view(rec), samples_per_second=False) if r[0] is Phase.TRAIN}
     for step, s in steps.items():
