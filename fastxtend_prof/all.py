@@ -1,4 +1,4 @@
-"""`from fastxtend_prof.all import *` brings in the public API and registers the `before_draw` event.
+"""`from fastxtend_prof.all import *` brings in the public API, adds `Learner.profile`, and registers the `before_draw` event.
 
 Docs: https://fastxtend-prof.github.io/fastxtend_prof/all.html.md"""
 
@@ -8,14 +8,15 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/all.html.md"""
 __all__ = []
 
 # %% ../nbs/11_all.ipynb #68ee25f8
-from .events import *
-from .recorder import *
-from .report import *
-from .simpleprofiler import *
-from .plots import *
-from .insight import Advice, advise, show_advice, learner_advice, run_context, RULES, TraceWindow, trace_config, add_trace
-from .loggers import *
-from .distributed import dist_info, gather_profile, GatherResult, straggler_advice
-from . import events as _ev, recorder as _rc, report as _rp, simpleprofiler as _sp, plots as _pl, loggers as _lg
-__all__ = [*_ev.__all__, *_rc.__all__, *_rp.__all__, *_sp.__all__, *_pl.__all__, *_lg.__all__, 'Advice', 'advise', 'show_advice', 'learner_advice',
-           'run_context', 'RULES', 'TraceWindow', 'trace_config', 'add_trace', 'dist_info', 'gather_profile', 'GatherResult', 'straggler_advice']
+from . import events as _events
+_events.install()  # `before_draw` and the fit watch, registered with fastai (once: importing `events` did it)
+from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, ProfileResult, profile_results
+from .report import (format_report, show_report, report_markdown, report_text, format_duration, save_results, save_json,
+                                   load_json, run_metadata)
+from .plots import plot_profile, plot_timeline, timeline_frame, save_plots
+from .insight import Advice, advise, learner_advice, show_advice, RULES
+from .loggers import Logger, register_logger
+__all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'ProfileResult', 'profile_results', 'format_report', 'show_report',
+           'report_markdown', 'report_text', 'format_duration', 'save_results', 'save_json', 'load_json', 'run_metadata',
+           'plot_profile', 'plot_timeline', 'timeline_frame', 'save_plots', 'Advice', 'advise', 'learner_advice', 'show_advice',
+           'RULES', 'Logger', 'register_logger']

@@ -8,8 +8,8 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/cli.html.md"""
 __all__ = ['DEVICES', 'DigitsDataset', 'digits_dls', 'demo_device', 'digits_cnn', 'demo', 'parser', 'main']
 
 # %% ../nbs/09_cli.ipynb #168568d7
-import argparse, sys, time
-import numpy as np, torch
+import argparse, time
+import torch
 from torch import nn
 from fastai.basics import *
 from fastai.callback.progress import ProgressCallback

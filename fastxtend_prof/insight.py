@@ -7,21 +7,17 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/insight.html.md"""
 # %% auto #0
 __all__ = ['SEVERITIES', 'DATA_BOUND_SHARE', 'DATA_BOUND_CRITICAL', 'DATA_BOUND_MIN_DRAW', 'STARTUP_RATIO', 'STARTUP_MIN_SHARE',
            'OPT_STEP_RATIO', 'OPT_STEP_MIN_SHARE', 'OPT_STEP_MIN', 'OTHER_SHARE', 'OTHER_MIN', 'UNSTABLE_RATIO',
-           'UNSTABLE_MIN_SHARE', 'UNSTABLE_MIN_BATCHES', 'RULES', 'TRACE_NAME', 'TRACE_DEFAULTS', 'TOP_OPS',
-           'RANGE_NAMES', 'FASTAI_TIPS', 'Advice', 'synthetic_run', 'run_context', 'data_bound', 'startup',
-           'host_bound_opt_step', 'heavy_callbacks', 'unstable_steps', 'host_timing', 'advise', 'show_advice',
-           'learner_advice', 'trace_config', 'in_library', 'tidy_advice', 'TraceWindow', 'TraceMarks',
-           'TracingRecorder', 'add_trace']
+           'UNSTABLE_MIN_SHARE', 'UNSTABLE_MIN_BATCHES', 'RULES', 'Advice', 'synthetic_run', 'run_context',
+           'data_bound', 'startup', 'host_bound_opt_step', 'heavy_callbacks', 'unstable_steps', 'host_timing', 'advise',
+           'show_advice', 'learner_advice']
 
 # %% ../nbs/03_insight.ipynb #db59b276
-import json, math, os, re, tempfile, time, warnings
+import math, os, warnings
 from dataclasses import dataclass
-from pathlib import Path
 import numpy as np, pandas as pd, torch
-from torch.autograd.profiler import record_function
-from torch.profiler import ProfilerAction, ProfilerActivity
 from .recorder import *
 from .report import format_duration, results_frame
+from .events import train_device
 
 # %% ../nbs/03_insight.ipynb #2e7b40f4
 SEVERITIES = ('critical', 'warning', 'info')
@@ -115,12 +111,6 @@ def _loader_settings(dl) -> dict:
     get = lambda k: getattr(src, k, None)
     return dict(num_workers=get('num_workers'), pin_memory=get('pin_memory'), persistent_workers=get('persistent_workers'), loader=kind)
 
-def _device(learn) -> str|None:
-    p = next(iter(learn.model.parameters()), None) if getattr(learn, 'model', None) is not None else None
-    if p is not None: return p.device.type
-    d = getattr(getattr(learn, 'dls', None), 'device', None)
-    return torch.device(d).type if d is not None else None
-
 def _callbacks_in_other(learn) -> list:
     "Names of callbacks whose `after_batch` runs after the profiler's Post callback (order > fastai's Recorder.order - 1)"
     from fastai.learner import Recorder as FastaiRecorder
@@ -143,9 +133,9 @@ def _optimizer_name(learn) -> str|None:
 
 def run_context(learn, sync:str|None=None) -> dict:
     "What the rules need to know about `learn`'s run beside the timings: device, `sync` (default: the last profile's), DataLoader, callbacks, optimizer"
-    if sync is None: sync = getattr(learn, 'simple_profile_sync', 'none')
+    if sync is None: sync = getattr(learn, 'simple_profile_sync', None) or 'none'
     dl = getattr(getattr(learn, 'dls', None), 'train', None)
-    return dict(device=_device(learn), sync=sync, **_loader_settings(dl), callbacks_in_other=_callbacks_in_other(learn),
+    return dict(device=train_device(learn).type, sync=sync, **_loader_settings(dl), callbacks_in_other=_callbacks_in_other(learn),
                 optimizer=_optimizer_name(learn), cpu_count=os.cpu_count())
 
 # %% ../nbs/03_insight.ipynb #a341e16f
@@ -177,7 +167,7 @@ def data_bound(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
     ev = dict(draw_share=share, draw_mean_s=float(draw['Mean Duration']), step_mean_s=total/n,
               samples_per_second=sps, samples_per_second_without_wait=sps_free)
     verdict = f"the train loop waits for data {share:.0%} of the time ({_ms(ev['draw_mean_s'])} of {_ms(ev['step_mean_s'])} per batch)"
-    if sps == sps: verdict += f'; without the wait it would run at up to {sps_free:,.0f} samples/s instead of {sps:,.0f}'
+    if not math.isnan(sps): verdict += f'; without the wait it would run at up to {sps_free:,.0f} samples/s instead of {sps:,.0f}'
     nw, tips = ctx.get('num_workers'), []
     cores = ctx.get('cpu_count') or os.cpu_count()
     tips.append(f'set `num_workers` > 0 on the DataLoaders (this machine has {cores} CPU cores)' if not nw
@@ -207,7 +197,7 @@ def startup(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
     ev, excess = {}, 0.0
     for phase, steps in ((Phase.TRAIN, TRAIN_STEPS), (Phase.VALID, VALID_STEPS)):
         later, steady = _startups(rec, phase, steps)
-        if not later.size or steady != steady or np.median(later) < STARTUP_RATIO*steady: continue
+        if not later.size or math.isnan(steady) or np.median(later) < STARTUP_RATIO*steady: continue
         ev[f'{phase}_startup_s'], ev[f'{phase}_steady_draw_s'] = float(np.median(later)), steady
         excess += float(np.sum(later - steady))
         ev['epochs_after_first'] = int(later.size)
@@ -336,329 +326,20 @@ def show_advice(advice:list, title:str='Advice'):
 
 # %% ../nbs/03_insight.ipynb #93f43d2c
 def learner_advice(learn, # A Learner after a profiled fit
-                   results:pd.DataFrame|None=None, # Default `learn.simple_profile_results`
-                   rec:TimingRecorder|None=None, # Default `learn.simple_profile_recorder`
-                   sync:str|None=None, # The timing mode the profile used; default `learn.simple_profile_sync`
+                   results:pd.DataFrame|None=None, # Default: the last profile's results (`learn.simple_profile_results`)
+                   rec:TimingRecorder|None=None, # Default: the last profile's recorder
+                   sync:str|None=None, # The timing mode the profile used; default the last profile's
+                   trace:dict|None=None, # A trace window's results, for its anti-pattern findings; default the last profile's
                    show:bool=True, # Print the advice
                   ) -> list:
-    "Advice on `learn`'s last profiled fit, stored in `learn.profile_advice`; `sync`, `show`"
-    if results is None: results = learn.simple_profile_results
-    if rec is None: rec = getattr(learn, 'simple_profile_recorder', None)
-    trace = getattr(rec, 'trace_result', None)
-    if trace is not None: learn.profile_trace = trace
+    "The advice on `learn`'s last profiled fit (or on the `results`, `rec`, `sync` and `trace` given); `show` prints it"
+    last = getattr(learn, 'profile_result', None)
+    if results is None: results = last.results if last is not None else learn.simple_profile_results
+    if last is not None:
+        rec = last.recorder if rec is None else rec
+        sync = last.sync if sync is None else sync
+        trace = last.trace if trace is None else trace
     rows = device_view(rec) if isinstance(rec, EventRecorder) else rec  # the rows `results` were made from
-    learn.profile_advice = advise(results, rows, run_context(learn, sync), extra=(trace or {}).get('anti_patterns', ()))
-    if show: show_advice(learn.profile_advice)
-    return learn.profile_advice
-
-# %% ../nbs/03_insight.ipynb #54d57c3b
-TRACE_NAME = 'profile_trace.json'
-TRACE_DEFAULTS = dict(wait=2, warmup=1, active=3)
-TOP_OPS = 15
-_RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
-
-def trace_config(trace) -> dict|None:
-    "Check `learn.profile(trace=...)`: None/False -> None, True -> defaults, a dict of `wait`, `warmup`, `active`, `path` -> `TraceWindow` kwargs"
-    if trace is None or trace is False: return None
-    if trace is True: trace = {}
-    if not isinstance(trace, dict):
-        raise ValueError(f'`trace` must be True, False, None or a dict such as dict(wait=2, warmup=1, active=3), got {trace!r}')
-    bad = set(trace) - {'wait', 'warmup', 'active', 'path'}
-    if bad: raise ValueError(f'`trace` keys must be among wait, warmup, active, path; got {sorted(bad)}')
-    cfg = {**TRACE_DEFAULTS, 'path': TRACE_NAME, **trace}
-    for k, lo in (('wait', 0), ('warmup', 0), ('active', 1)):
-        v = cfg[k]
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo: raise ValueError(f'`trace[{k!r}]` must be an integer >= {lo}, got {v!r}')
-    if not isinstance(cfg['path'], (str, os.PathLike)) or not str(cfg['path']).strip():
-        raise ValueError(f"`trace['path']` must be a file name or path, got {cfg['path']!r}")
-    return cfg
-
-# %% ../nbs/03_insight.ipynb #28293eed
-RANGE_NAMES = {(p, s): f'{p}/{s}' for p, steps in ((Phase.TRAIN, TRAIN_STEPS), (Phase.VALID, VALID_STEPS))
-               for s in steps if s is not Step.BATCH and s not in APART}
-
-_OP_COLS = (('Self CPU', 'self_cpu_time_total'), ('CPU Total', 'cpu_time_total'),
-            ('Self Device', 'self_device_time_total'), ('Device Total', 'device_time_total'))
-
-_PY_EVENT = re.compile(r'\(\d+\): |^<built-in |^nn\.Module: ')  # the Python tracer's events (with_stack), not operators
-
-def _op_tables(prof, top:int) -> dict:
-    "`{range name: DataFrame}` of the operators that start inside each fastai range, by self CPU time"
-    names = set(RANGE_NAMES.values())
-    evs = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CPU]
-    rngs = sorted((e for e in evs if e.name in names), key=lambda e: e.time_range.start)
-    ops = [e for e in evs if e.name not in names and not e.name.startswith('ProfilerStep#') and not _PY_EVENT.search(e.name)]
-    if not rngs or not ops: return {}
-    starts = np.array([r.time_range.start for r in rngs]); ends = np.array([r.time_range.end for r in rngs])
-    o_start = np.array([o.time_range.start for o in ops])
-    j = np.searchsorted(starts, o_start, side='right') - 1
-    inside = (j >= 0) & (o_start < ends[np.maximum(j, 0)])
-    df = pd.DataFrame([dict(Range=rngs[j[i]].name, Op=ops[i].name, **{c: getattr(ops[i], a)/1e6 for c, a in _OP_COLS})
-                       for i in np.flatnonzero(inside)])
-    if df.empty: return {}
-    step_time = pd.Series([r.time_range.elapsed_us()/1e6 for r in rngs]).groupby([r.name for r in rngs]).sum()
-    out = {}
-    for name, g in df.groupby('Range', sort=False):
-        t = g.groupby('Op').agg(Calls=('Op', 'size'), **{c: (c, 'sum') for c, _ in _OP_COLS})
-        t['Percent of Step'] = 100*t['Self CPU']/step_time[name]
-        by = 'Self Device' if t['Self Device'].sum() > 0 else 'Self CPU'
-        out[name] = t.sort_values(by, ascending=False).head(top).reset_index()
-    return {n: out[n] for n in RANGE_NAMES.values() if n in out}
-
-_TIDY_IDS = {'FP32 MatMul Pattern': 'torch_tf32', 'Optimizer Single Tensor Pattern': 'torch_optimizer_single_tensor',
-             'Synchronized DataLoader Pattern': 'torch_synchronized_dataloader', 'Extra CUDA Copy Pattern': 'torch_extra_cuda_copy',
-             'Gradient Set To Zero Instead of None Pattern': 'torch_grad_zero_not_none',
-             'Enabling Bias in Conv2d Followed By BatchNorm Pattern': 'torch_conv_bias_before_bn',
-             'Matrix Multiplication Dimension Not Aligned Pattern': 'torch_matmul_unaligned'}
-
-# What a fastai user can do about a finding located inside fastai, torch or another library (None: nothing, so it is dropped)
-FASTAI_TIPS = {
-    'Gradient Set To Zero Instead of None Pattern': (
-        "Gradients are zeroed in place by fastai's own optimizers at the end of each batch; a torch optimizer sets them to "
-        'None, which skips a memset per parameter and frees their memory between batches: '
-        '`Learner(..., opt_func=partial(OptimWrapper, opt=torch.optim.AdamW))`. The time saved is usually small.'),
-    'Optimizer Single Tensor Pattern': (
-        'The torch optimizer updates one parameter tensor at a time: pass `foreach=True` (or `fused=True` on CUDA) through '
-        "fastai's wrapper, `opt_func=partial(OptimWrapper, opt=torch.optim.AdamW, foreach=True)`."),
-    'Synchronized DataLoader Pattern': (
-        'Batches are loaded in the training process, which waits for them: pass `num_workers` > 0 where the `DataLoaders` '
-        'are built (`DataLoaders.from_dsets(..., num_workers=4)`, `dblock.dataloaders(source, num_workers=4)`).'),
-    'FP32 MatMul Pattern': (
-        "Matrix multiplications run in full FP32: allow TF32 with `torch.set_float32_matmul_precision('high')` before "
-        'training, or train in mixed precision with `learn.to_fp16()` (or `learn.to_bf16()`).'),
-    'Matrix Multiplication Dimension Not Aligned Pattern': (
-        'A matrix multiplication has a size that is not a multiple of 8, which keeps it off the tensor cores: choose layer '
-        'widths and the batch size (`bs=` of the `DataLoaders`) as multiples of 8, especially with `learn.to_fp16()`.'),
-    'Enabling Bias in Conv2d Followed By BatchNorm Pattern': (
-        'A convolution with a bias feeds a BatchNorm, which cancels the bias: build those convolutions with `bias=False` '
-        "(fastai's `ConvLayer` does)."),
-    'Extra CUDA Copy Pattern': None,
-}
-_LIBRARIES = ('fastai', 'fastcore', 'fasttransform', 'fastprogress', 'fastxtend', 'fastxtend_prof', 'torch', 'torchvision',
-              'timm', 'accelerate', 'transformers')
-
-def in_library(file:str) -> bool:
-    "Whether a source file the matcher names is inside an installed package (fastai, torch, ...) rather than the user's code"
-    f = str(file).replace('\\', '/')
-    return any(d in f for d in ('site-packages/', 'dist-packages/')) or f.lstrip('./').split('/')[0] in _LIBRARIES
-
-def tidy_advice(report:dict, cuda:bool|None=None) -> list:
-    "`Advice` from torch's anti-pattern `report` ({file: [{line_number, name, url, message}]}), in fastai terms where it points into a library"
-    if cuda is None: cuda = torch.cuda.is_available()
-    found = {}
-    for file, items in report.items():
-        for it in items: found.setdefault(it['name'], (it, [], []))[1 + in_library(file)].append(f"{file}:{it['line_number']}")
-    out = []
-    for name, (it, mine, libs) in found.items():
-        if name == 'FP32 MatMul Pattern' and not cuda: continue  # the matcher reports it on every CPU-only machine
-        if not mine and FASTAI_TIPS.get(name) is None: continue  # only inside code the user doesn't own, and nothing to do in fastai terms
-        rule = _TIDY_IDS.get(name) or 'torch_' + re.sub(r'[^a-z0-9]+', '_', name.lower().replace(' pattern', '')).strip('_')
-        where = sorted(set(mine or libs))
-        ev = dict(pattern=name, locations=where, url=it.get('url', ''), in_library=not mine)
-        tip = it['message'] + (f" See {it['url']}" if it.get('url') else '') if mine else FASTAI_TIPS[name]
-        place = f"at {', '.join(where[:3])}" if mine else f"inside a library ({', '.join(where[:3])}), not in your code"
-        out.append(Advice(rule, 'info', ev, tip, f"torch.profiler's anti-pattern matcher found `{name}` {place}."))
-    return out
-
-def _anti_patterns(prof) -> list:
-    "Run torch's anti-pattern matcher on `prof` and return its findings as `Advice`"
-    try: from torch.profiler._pattern_matcher import report_all_anti_patterns
-    except ImportError: return []  # a private torch module that some builds lack: then there are no findings to add
-    with tempfile.TemporaryDirectory() as d:
-        report_all_anti_patterns(prof, should_benchmark=False, print_enable=False, json_report_dir=d)
-        p = Path(d)/'torchtidy_report.json'
-        return tidy_advice(json.loads(p.read_text()) if p.exists() else {})
-
-# %% ../nbs/03_insight.ipynb #bb12fadc
-class TraceWindow:
-    "Runs `torch.profiler` over train batches `wait+warmup` to `wait+warmup+active-1` and writes a chrome trace to `path`"
-    def __init__(self,
-        path=TRACE_NAME, # Where the chrome/Perfetto trace JSON goes
-        wait:int=2, # Train batches before the profiler starts
-        warmup:int=1, # Batches profiled and discarded (first-call costs)
-        active:int=3, # Batches recorded
-        record_shapes:bool=True, # Record operator input shapes (the matcher's TF32 and alignment checks need them)
-        with_stack:bool=True, # Record Python stacks (the matcher needs them to name source lines)
-        top:int=TOP_OPS, # Operators kept per fastai step in `key_averages_by_step`
-    ):
-        cfg = trace_config(dict(wait=wait, warmup=warmup, active=active, path=path))
-        self.path, self.wait, self.warmup, self.active = Path(cfg['path']), wait, warmup, active
-        self.record_shapes, self.with_stack, self.top = record_shapes, with_stack, top
-        self.prof, self.result, self._k, self._ready, self._stopped = None, None, -1, False, False
-
-    def action(self, k:int) -> ProfilerAction:
-        "torch.profiler's action for train batch `k`"
-        w, a = self.wait + self.warmup, self.wait + self.warmup + self.active
-        if k < self.wait or k >= a: return ProfilerAction.NONE
-        if k < w: return ProfilerAction.WARMUP
-        return ProfilerAction.RECORD_AND_SAVE if k == a - 1 else ProfilerAction.RECORD
-
-    @property
-    def running(self) -> bool:
-        "True from torch.profiler's start (the window's first batch) to its stop: batches open then run slower and are the window's"
-        return self.prof is not None and not self._stopped
-
-    @property
-    def recording(self) -> bool:
-        "True while the profiler records (fastai ranges are opened only then)"
-        p = self.prof
-        return p is not None and not self._stopped and p.current_action in _RECORDING
-
-    def changes(self, k:int) -> bool:
-        "Whether `step(k)` starts, stops or switches the profiler (the calls that take long)"
-        if k == self._k or self._stopped: return False
-        return self.action(k) != (self.action(self._k) if self._k >= 0 else ProfilerAction.NONE)
-
-    def step(self, k:int):
-        "Mark the draw of train batch `k`: start torch.profiler at the window's first batch, then advance its schedule (a repeated `k` is ignored)"
-        if k == self._k or self._stopped: return
-        self._k = k
-        if self.prof is None:
-            if self.action(k) is ProfilerAction.NONE: return  # waiting: nothing started, nothing slowed
-            acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
-            self.prof = torch.profiler.profile(activities=acts, schedule=lambda _: self.action(self._k), on_trace_ready=self._on_ready,
-                                               record_shapes=self.record_shapes, with_stack=self.with_stack)
-            self.prof.start()
-        else: self.prof.step()
-        if self._ready: self._stop()  # the window is over: no more profiler overhead in this fit
-
-    def _on_ready(self, prof): self._ready = True
-
-    def _stop(self):
-        if self.prof is None or self._stopped: return
-        self._stopped = True
-        self.prof.__exit__(None, None, None)
-
-    def finish(self,
-        n_train:int|None=None, # Train batches the fit ran, to list the recorded ones exactly
-    ) -> dict:
-        "Stop the profiler; write the trace to `path`; return `trace_path`, `key_averages_by_step`, `anti_patterns`, `batches`, `export_s`"
-        if self.result is not None: return self.result
-        t0 = time.perf_counter()
-        try: self._stop()
-        except Exception as e: warnings.warn(f'stopping torch.profiler failed: {e!r}')
-        res = dict(trace_path=None, key_averages_by_step={}, anti_patterns=[], batches=[])
-        if self._ready:
-            first = self.wait + self.warmup
-            last = self._k + 1 if n_train is None else n_train
-            res['batches'] = list(range(first, min(self.wait + self.warmup + self.active, last)))
-            for key, fn in (('trace_path', self._export), ('key_averages_by_step', lambda: _op_tables(self.prof, self.top)),
-                            ('anti_patterns', lambda: _anti_patterns(self.prof))):
-                try: res[key] = fn()
-                except Exception as e: warnings.warn(f'trace window: {key} failed: {e!r}')
-        else:
-            n = max(self._k + 1, 0) if n_train is None else n_train
-            warnings.warn(f'trace window recorded nothing: the fit had {n} train batches, the window needs '
-                          f'wait+warmup+1 = {self.wait + self.warmup + 1}')
-        res['export_s'] = time.perf_counter() - t0  # stopping, writing and analysing: after the fit's timing, but the user waits
-        self.prof, self.result = None, res
-        return res
-
-    def abort(self, n_train:int|None=None) -> dict:
-        "Stop the profiler after a failed fit, keeping what was recorded"
-        return self.finish(n_train)
-
-    def _export(self):
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.prof.export_chrome_trace(str(self.path))
-        return self.path
-
-# %% ../nbs/03_insight.ipynb #42eeb366
-_RANGE_AT = {AFTER_PRED: Step.LOSS, AFTER_LOSS: None, BEFORE_BACKWARD: Step.BACKWARD, BEFORE_STEP: Step.OPT_STEP, AFTER_STEP: Step.ZERO_GRAD, PRE_AFTER_BATCH: None}
-
-class TraceMarks:
-    "Mixin for a `TimingRecorder`: runs `self.window` (a `TraceWindow`), names each fastai step in its trace, flags the batches it touches"
-    def _init_trace(self, window=None):
-        self.window = TraceWindow() if window is None else window
-        self.trace_result, self._rf, self._n_train, self._profiler_s, self._flag_next = None, None, 0, 0.0, False
-
-    def _flag(self):
-        "Flag the open batch `TRACED`, or the next one when none is open (the time then lands in its loop's set-up)"
-        if self._row_open: self._row[FLAGS] = float(int(self._row[FLAGS]) | TRACED)
-        else: self._flag_next = True
-
-    def _range(self, step=None):
-        "Close the open range; open `step`'s if the window records"
-        if self._rf is not None:
-            rf, self._rf = self._rf, None
-            rf.__exit__(None, None, None)
-        if step is not None and self._phase is not None and self.window.recording:
-            self._rf = record_function(RANGE_NAMES[(self._phase, step)])
-            self._rf.__enter__()
-
-    def draw(self):
-        if self._phase is Phase.TRAIN:
-            self._range()
-            k = self._n_train
-            if self.window.changes(k):  # starting or stopping torch.profiler takes long (seconds on CUDA): the batch it lands in is the window's
-                self._flag()
-                t0 = self.clock()
-                self.window.step(k)
-                self._profiler_s += self.clock() - t0
-            else: self.window.step(k)
-        super().draw()
-        self._range(Step.DRAW)
-
-    def start_batch(self, *args, **kwargs):
-        super().start_batch(*args, **kwargs)
-        if self._phase is Phase.TRAIN: self._n_train += 1
-        if self._flag_next or self.window.running:
-            self._flag_next = False
-            self._flag()
-        self._range(Step.FORWARD if self._phase is Phase.TRAIN else Step.PREDICT)
-
-    def mark(self, slot:int):
-        super().mark(slot)
-        if slot in _RANGE_AT: self._range(_RANGE_AT[slot])
-
-    def end_batch(self, *args, **kwargs):
-        super().end_batch(*args, **kwargs)
-        self._range(Step.OTHER)
-
-    def end_phase(self, *args, **kwargs):
-        self._range()
-        super().end_phase(*args, **kwargs)
-
-    def cancel(self, flags:int=NO_STEP|NO_ZERO_GRAD, close:bool=True, t:float|None=None):
-        super().cancel(flags, close, t)
-        if close: self._range()
-
-    def _finish(self, how):
-        self.trace_result = {**how(self._n_train), 'profiler_s': self._profiler_s}
-
-    def stop(self, step:Step, *args, **kwargs):
-        super().stop(step, *args, **kwargs)
-        if step is Step.FIT:
-            self._range()
-            self._finish(self.window.finish)
-
-    def abort(self):
-        try:
-            self._range()
-            super().abort()
-        finally: self._finish(self.window.abort)
-
-class TracingRecorder(TraceMarks, TimingRecorder):
-    "A host-clock `TimingRecorder` that runs `window` (a `TraceWindow`) and names each fastai step in its trace"
-    def __init__(self,
-        warmup:int=1, # Leading batches of each train/valid loop kept out of the per-step statistics
-        clock=time.perf_counter, # Returns seconds; tests pass a fake clock
-        keep_raw:bool=True, # Keep every batch's row
-        chunk:int=4096, # Rows buffered before folding when `keep_raw=False`
-        window:TraceWindow|None=None, # The trace window; default `TraceWindow()` (writes `profile_trace.json` here)
-    ):
-        super().__init__(warmup=warmup, clock=clock, keep_raw=keep_raw, chunk=chunk)
-        self._init_trace(window)
-
-_TRACED = {TimingRecorder: TracingRecorder}
-
-def add_trace(rec:TimingRecorder, # Any recorder: host, synchronised or device events
-              window:TraceWindow|None=None, # The trace window; default `TraceWindow()`
-             ) -> TimingRecorder:
-    "Make `rec` also run the trace `window`, naming each fastai step in it; returns `rec`, still an instance of its class"
-    if not isinstance(rec, TraceMarks):
-        cls = type(rec)
-        if cls not in _TRACED: _TRACED[cls] = type(f'Tracing{cls.__name__}', (TraceMarks, cls), {'__doc__': f'`{cls.__name__}` with a trace window'})
-        rec.__class__ = _TRACED[cls]
-    rec._init_trace(window)
-    return rec
+    advice = advise(results, rows, run_context(learn, sync), extra=(trace or {}).get('anti_patterns', ()))
+    if show: show_advice(advice)
+    return advice

@@ -179,8 +179,8 @@ def _profiled(learn, what):
         raise RuntimeError(f'`learn.{what}()` needs a profiled fit: call `learn.profile()`, then fit, then plot (this Learner has no profile yet)')
     return res, rec
 
-@patch
-def plot_profile(self:Learner,
+@patch(nm='plot_profile')
+def _learner_plot_profile(self:Learner,
     fname:str|Path|None=None, # Save the figure to this file (PNG unless its suffix says otherwise)
 ):
     "Stacked bars of the last profiled fit's train and valid time by step; saved to `fname` if given"

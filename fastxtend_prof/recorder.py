@@ -8,8 +8,8 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/recorder.html.md"""
 __all__ = ['BEFORE_DRAW', 'BEFORE_BATCH', 'AFTER_PRED', 'AFTER_LOSS', 'BEFORE_BACKWARD', 'BEFORE_STEP', 'AFTER_STEP',
            'PRE_AFTER_BATCH', 'POST_AFTER_BATCH', 'NEXT_DRAW', 'SAMPLES', 'FLAGS', 'N_SLOTS', 'NO_BACKWARD', 'NO_STEP',
            'NO_ZERO_GRAD', 'TRACED', 'TRAIN_STEPS', 'VALID_STEPS', 'SUB_STEPS', 'TOP_STEPS', 'APART', 'SPANS',
-           'host_clock', 'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step', 'BatchTable',
-           'SyncClock', 'TimingRecorder', 'FakeClock', 'traced_rows', 'phase_intervals', 'stats', 'StepSummary', 'fold',
+           'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step', 'BatchTable', 'SyncClock', 'is_set',
+           'TimingRecorder', 'FakeClock', 'traced_rows', 'phase_intervals', 'stats', 'StepSummary', 'fold',
            'empty_runs', 'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder']
 
 # %% ../nbs/00_recorder.ipynb #23875a1a
@@ -73,8 +73,6 @@ class BatchTable:
     def nbytes(self): return self.data.itemsize*len(self.data)
 
 # %% ../nbs/00_recorder.ipynb #d47beaca
-host_clock = time.perf_counter
-
 class SyncClock:
     "Reads `clock` after `sync()` (e.g. `torch.cuda.synchronize`), so each boundary waits for the device's queued work"
     def __init__(self, sync:Callable[[], None], clock:Callable[[], float]=time.perf_counter): self.sync, self.clock = sync, clock
@@ -83,8 +81,13 @@ class SyncClock:
         return self.clock()
 
 # %% ../nbs/00_recorder.ipynb #4a03270e
+def is_set(t:float) -> bool:
+    "Whether the mark or time `t` was written (an unwritten one is NaN)"
+    return not math.isnan(t)
+
 class TimingRecorder:
     "Owns a profiled fit's timing state: spans, one row of marks per batch, `warmup` leading batches per loop"
+    _stateattrs = ('clock',)  # what only a live fit needs: dropped by `detach` and when pickled
     def __init__(self,
         warmup:int=1, # Leading batches of each train/valid loop kept out of the per-step statistics
         clock:Callable[[], float]=time.perf_counter, # Returns seconds; tests pass a fake clock
@@ -165,12 +168,12 @@ class TimingRecorder:
         if t is None: t = self.clock()
         row = self._row
         if close:
-            if row[AFTER_PRED] != row[AFTER_PRED]: row[AFTER_PRED] = t
-            elif row[AFTER_LOSS] != row[AFTER_LOSS]: row[AFTER_LOSS] = t
-            elif row[BEFORE_BACKWARD] == row[BEFORE_BACKWARD] and row[BEFORE_STEP] != row[BEFORE_STEP]: row[BEFORE_STEP] = t
-            if row[POST_AFTER_BATCH] != row[POST_AFTER_BATCH]: row[POST_AFTER_BATCH] = t  # fastai skips after_batch when an epoch or fit is cancelled
-        if row[AFTER_STEP] == row[AFTER_STEP]: flags &= ~NO_STEP  # the step had already run
-        if row[PRE_AFTER_BATCH] == row[PRE_AFTER_BATCH]: flags &= ~NO_ZERO_GRAD
+            if not is_set(row[AFTER_PRED]): row[AFTER_PRED] = t
+            elif not is_set(row[AFTER_LOSS]): row[AFTER_LOSS] = t
+            elif is_set(row[BEFORE_BACKWARD]) and not is_set(row[BEFORE_STEP]): row[BEFORE_STEP] = t
+            if not is_set(row[POST_AFTER_BATCH]): row[POST_AFTER_BATCH] = t  # fastai skips after_batch when an epoch or fit is cancelled
+        if is_set(row[AFTER_STEP]): flags &= ~NO_STEP  # the step had already run
+        if is_set(row[PRE_AFTER_BATCH]): flags &= ~NO_ZERO_GRAD
         row[FLAGS] = float(int(row[FLAGS]) | flags)
 
     def abort(self):
@@ -179,6 +182,17 @@ class TimingRecorder:
         self.cancel(NO_STEP|NO_ZERO_GRAD, t=t)
         self.stop(Step.FIT, t)
 
+    @property
+    def phase(self) -> Phase|None:
+        "The loop in progress (`Phase.TRAIN` or `Phase.VALID`), or None between loops"
+        return self._phase
+
+    def flag(self, flags:int) -> bool:
+        "Add `flags` (such as `TRACED`) to the batch in progress; False if no batch is open"
+        if not self._row_open: return False
+        self._row[FLAGS] = float(int(self._row[FLAGS]) | flags)
+        return True
+
     def open_row(self, phase:Phase):
         "The marks of the batch in progress in `phase` (a live list: copy it to keep it), or None"
         return self._row if self._row_open and self._phase is phase else None
@@ -186,6 +200,13 @@ class TimingRecorder:
     def nbytes(self):
         "Bytes held by the per-batch tables"
         return sum(tb.nbytes() for tb in self.tables.values())
+
+    def detach(self):
+        "Drop what only a live fit needs (`_stateattrs`: the clock, a device timer and its events): the record stays readable"
+        for k in self._stateattrs: self.__dict__.pop(k, None)
+        return self
+
+    def __getstate__(self): return {k: v for k, v in self.__dict__.items() if k not in self._stateattrs}
 
 # %% ../nbs/00_recorder.ipynb #44bcf69b
 class FakeClock:
@@ -324,7 +345,7 @@ def _row(phase, action, step, st, fit_total):
 
 def empty_runs(table:BatchTable) -> np.ndarray:
     "Durations of the runs (loops) of `table` that yielded no batch: all their time is `other`"
-    return np.asarray([t1 - t0 for first, end, t0, t1 in table.run_rows() if first >= end and t1 == t1], dtype=np.float64)
+    return np.asarray([t1 - t0 for first, end, t0, t1 in table.run_rows() if first >= end and is_set(t1)], dtype=np.float64)
 
 def _phase_stats(table:BatchTable, warmup:int, keep_raw:bool, samples_per_second:bool):
     "`({step: stats}, samples)` for one phase's table; a loop that ran no batch counts as one call of `other`"
@@ -416,6 +437,8 @@ class FakeDevice:
 # %% ../nbs/00_recorder.ipynb #aee01cde
 class EventRecorder(TimingRecorder):
     "A `TimingRecorder` that also records a device event at every boundary through `timer` and resolves them lazily"
+    _stateattrs = TimingRecorder._stateattrs + ('timer', '_record', '_bind', '_release', '_ev', '_pending', '_span_ev', '_run_ev',
+                                                '_draw_ev', '_end_ev', '_origin')
     def __init__(self, timer, warmup:int=1, clock:Callable[[], float]=time.perf_counter, keep_raw:bool=True, chunk:int=4096,
                  resolve_every:int=64, # Closed batches between non-blocking resolutions of completed events
                 ):
@@ -486,7 +509,7 @@ class EventRecorder(TimingRecorder):
         ev = self._record()
         super().cancel(flags, close, t)
         for slot in (AFTER_PRED, AFTER_LOSS, BEFORE_STEP, POST_AFTER_BATCH):
-            if self._ev[slot] is None and self._row[slot] == self._row[slot]: self._ev[slot] = ev
+            if self._ev[slot] is None and is_set(self._row[slot]): self._ev[slot] = ev
 
     def _close_row(self, end):
         ev, self._ev = self._ev, [None]*N_SLOTS
@@ -517,11 +540,6 @@ class EventRecorder(TimingRecorder):
                 if not self.keep_raw and len(table.data) >= self.chunk*N_SLOTS: fold(table, self.warmup)
                 if release is not None: release({id(e): e for e in a[:NEXT_DRAW] if e is not None}.values())  # NEXT_DRAW is the next row's
         del self._pending[:done]
-
-    def abort(self):
-        t = self.clock()
-        self.cancel(NO_STEP|NO_ZERO_GRAD, t=t)
-        self.stop(Step.FIT, t)
 
     def nbytes(self): return super().nbytes() + sum(tb.nbytes() for tb in self.device.values())
 

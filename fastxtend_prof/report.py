@@ -11,9 +11,10 @@ __all__ = ['RESULT_COLS', 'KEY_COLS', 'JSON_FORMAT', 'results_frame', 'format_du
 # %% ../nbs/02_report.ipynb #49e1157f
 import math, os, tempfile
 from pathlib import Path
-import numpy as np, pandas as pd
+import pandas as pd
 from fastcore.basics import IN_NOTEBOOK
 from .recorder import *
+from .events import train_device
 
 # %% ../nbs/02_report.ipynb #8e747a3a
 RESULT_COLS = ('Phase', 'Action', 'Step') + STAT_COLS + ('Percent of Total',)
@@ -92,7 +93,7 @@ def save_results(results:pd.DataFrame, path) -> Path:
     return atomic_write_text(path, results.to_csv(index=False))
 
 # %% ../nbs/02_report.ipynb #b90abe2b
-import json, platform, sys, datetime
+import json, platform, datetime
 from importlib.metadata import version as _pkg_version, PackageNotFoundError
 
 JSON_FORMAT = 'fastxtend_prof.results/1'
@@ -105,17 +106,10 @@ def _n_batches(dl):
     try: return len(dl)
     except TypeError: return None  # a loader without a length
 
-def _device(learn):
-    dev = getattr(getattr(learn, 'dls', None), 'device', None)
-    if dev is None:
-        try: dev = next(learn.model.parameters()).device
-        except (AttributeError, StopIteration, TypeError): return 'cpu'
-    return str(dev)
-
 def run_metadata(learn, warmup:int=1) -> dict:
     "What a profile needs to be compared with another: versions, device, batch size, batches per epoch, `warmup`, time"
     import torch
-    dls, device = getattr(learn, 'dls', None), _device(learn)
+    dls, device = getattr(learn, 'dls', None), str(train_device(learn))
     train, valid = getattr(dls, 'train', None), getattr(dls, 'valid', None)
     name = torch.cuda.get_device_name(device) if device.startswith('cuda') and torch.cuda.is_available() else (platform.processor() or platform.machine())
     return dict(fastxtend_prof=_version('fastxtend-prof'), fastai=_version('fastai'), fastcore=_version('fastcore'),

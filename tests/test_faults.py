@@ -466,7 +466,7 @@ def test_pickle_round_trip(when):
             try: learn.fit(EPOCHS, cbs=RaiseAt('after_loss', lambda: Fault('x')))
             except Fault: pass
         copy = pickle.loads(pickle.dumps(learn))
-        if 'simple_profile_results' in learn.__dict__:  # the last profile travels with the copy
+        if 'profile_result' in learn.__dict__:  # the last profile travels with the copy
             pd.testing.assert_frame_equal(copy.simple_profile_results, learn.simple_profile_results)
             kept.append(when)
         copy.profile(show_report=False)

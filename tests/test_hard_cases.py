@@ -584,8 +584,46 @@ def test_show_training_loop_lists_before_draw(profiled):
     assert ('SimpleProfilerCallback' in lines[draws[0]]) == profiled
 
 # ---------------------------------------------------------------------------------------------------------- misc
-def test_star_import_of_all_brings_the_public_api():
+def _star(*mods):
+    "The namespace `from m import *` builds for each of `mods`, in order"
     ns = {}
-    exec('from fastxtend_prof.all import *', ns)
-    for name in ('SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'Recorder', 'Phase', 'results_frame', 'listens_before_draw'):
+    for m in mods: exec(f'from {m} import *', ns)
+    return ns
+
+def test_star_import_of_all_brings_the_public_api():
+    ns = _star('fastxtend_prof.all')
+    for name in ('SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'ProfileResult', 'learner_advice', 'plot_profile', 'register_logger', 'Logger'):
         assert name in ns, name
+    for name in ('Recorder', 'TimingRecorder', 'Phase', 'STEP', 'stats', 'fold', 'install', 'FakeClock', 'FakeDevice', 'DATA_BOUND_SHARE'):
+        assert name not in ns, name  # internals stay in their modules
+
+@pytest.mark.parametrize('ours_first', [False, True])
+def test_star_import_beside_fastai_changes_no_fastai_name(ours_first):
+    "The README's imports, in either order: every fastai name keeps its meaning, and none of ours is a torch name"
+    fastai_mods = ('fastai.basics', 'fastai.callback.all')
+    fastai_ns = _star(*fastai_mods)
+    ns = _star('fastxtend_prof.all', *fastai_mods) if ours_first else _star(*fastai_mods, 'fastxtend_prof.all')
+    assert [k for k, v in fastai_ns.items() if ns[k] is not v] == []
+    assert not set(_star('fastxtend_prof.all')) & set(dir(torch)) - {'__builtins__'}
+    exec('class MyCB(Callback): order = Recorder.order + 1', ns)  # the user code that broke when ours hid fastai's Recorder
+    assert ns['MyCB'].order == ns['Recorder'].order + 1
+
+def test_callback_attributes_keep_their_identity_during_a_fit(tmp_path):
+    "The pair's state is one session object, set in Pre's `before_fit`; no attribute of either callback changes until the fit ends"
+    from fastxtend_prof.simpleprofiler import IDLE, FitSession
+    snaps = []
+    class Snap(Callback):
+        order = 0  # after Pre's before_fit, which opens the session
+        def snap(self):
+            pair = [cb for cb in self.learn.cbs if isinstance(cb, (SimpleProfilerCallback, SimpleProfilerPostCallback))]
+            snaps.append([{k: id(v) for k, v in vars(cb).items() if k != 'run'} for cb in pair])  # fastai sets `run` after `after_fit`
+            assert all(isinstance(cb.__dict__.get('_session'), FitSession) for cb in pair)
+    for e in ('before_fit', 'before_epoch', 'before_train', 'before_draw', 'before_batch', 'after_pred', 'after_loss', 'before_backward',
+              'after_backward', 'before_step', 'after_step', 'after_batch', 'after_train', 'before_validate', 'after_validate',
+              'after_epoch', 'after_fit'): setattr(Snap, e, Snap.snap)
+    learn = synth_learner(n_trn=4, n_val=2, path=tmp_path, cbs=Snap()).profile(show_report=False, trace=dict(wait=0, warmup=0, active=2))
+    pair = [cb for cb in learn.cbs if isinstance(cb, (SimpleProfilerCallback, SimpleProfilerPostCallback))]
+    with learn.no_bar(): learn.fit(2)
+    assert len(snaps) > 50 and all(s == snaps[0] for s in snaps)
+    assert all(cb._session is IDLE for cb in pair) and SimpleProfilerCallback._stateattrs == ('_session',)
+    assert type(learn.simple_profile_recorder).__name__ == 'TimingRecorder' and learn.profile_trace['batches'] == [0, 1]

@@ -14,8 +14,9 @@ from fastai.test_utils import synth_learner
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
 from fastxtend_prof import simpleprofiler
 from fastxtend_prof.recorder import Phase
-from fastxtend_prof.insight import (Advice, RULES, RANGE_NAMES, TraceWindow, add_trace, advise, data_bound, startup,
-    host_bound_opt_step, heavy_callbacks, unstable_steps, host_timing, learner_advice, run_context, synthetic_run)
+from fastxtend_prof.insight import (Advice, RULES, advise, data_bound, startup, host_bound_opt_step, heavy_callbacks, unstable_steps,
+    host_timing, learner_advice, run_context, synthetic_run)
+from fastxtend_prof.trace import RANGE_NAMES, TraceWindow, TraceObserver
 
 CTX = dict(device='cpu', sync='none', num_workers=0, pin_memory=False, persistent_workers=False, loader='fastai',
            callbacks_in_other=['Recorder', 'ProgressCallback'], optimizer='fastai Adam', cpu_count=2)
@@ -109,7 +110,7 @@ def test_real_slow_data_is_data_bound():
     adv = learner_advice(learn, show=False)
     db = [a for a in adv if a.rule == 'data_bound']
     assert db and db[0].evidence['draw_share'] > 0.5 and db[0].evidence['draw_mean_s'] > 16*2e-3
-    assert learn.profile_advice is adv
+    assert learn.profile_advice == adv  # what the fit stored is what learner_advice computes again
     assert db[0].suggestion.startswith('Set `num_workers` > 0')
 
 def test_real_healthy_fit_gets_no_advice():
@@ -131,20 +132,16 @@ def test_run_context_reads_learner():
 # --- the trace window ----------------------------------------------------------------------------------------------
 
 def trace_next_fits(monkeypatch, window):
-    "Make the profiler's recorder (whatever `make_recorder` builds) run `window`, as `learn.profile(trace=...)` will"
-    make = simpleprofiler.make_recorder
-    def traced(*args, **kwargs):
-        rec, mode, note = make(*args, **kwargs)
-        return add_trace(rec, window), mode, note
-    monkeypatch.setattr(simpleprofiler, 'make_recorder', traced)
+    "Make `learn.profile(trace=True)` run `window`, made here so that a test can pass one with known delays"
+    monkeypatch.setattr(simpleprofiler, 'TraceWindow', lambda **kw: window)
 
 def test_trace_window_on_real_fit(tmp_path, monkeypatch):
     path = tmp_path/'trace'/'profile_trace.json'
     trace_next_fits(monkeypatch, TraceWindow(path, wait=1, warmup=1, active=2))
-    learn = synth_learner(n_trn=5).profile(show_report=False)  # 5 train batches per epoch
+    learn = synth_learner(n_trn=5).profile(show_report=False, trace=True)  # 5 train batches per epoch
     with learn.no_bar(): learn.fit(1)
     rec = learn.simple_profile_recorder
-    tr = rec.trace_result
+    tr = learn.profile_trace
     assert tr["trace_path"] == path and tr["batches"] == [2, 3] and tr["profiler_s"] > 0 and tr['export_s'] > 0
     names = {e.get('name') for e in json.loads(path.read_text())['traceEvents']}
     train = {n for (p, _), n in RANGE_NAMES.items() if p is Phase.TRAIN}
@@ -173,9 +170,9 @@ def test_trace_window_on_real_fit(tmp_path, monkeypatch):
 def test_trace_window_spanning_epochs_records_valid_loop(tmp_path, monkeypatch):
     path = tmp_path/'t.json'
     trace_next_fits(monkeypatch, TraceWindow(path, wait=3, warmup=0, active=3))
-    learn = synth_learner(n_trn=4).profile(show_report=False)  # 4 train batches per epoch
+    learn = synth_learner(n_trn=4).profile(show_report=False, trace=True)  # 4 train batches per epoch
     with learn.no_bar(): learn.fit(2)
-    tr = learn.simple_profile_recorder.trace_result
+    tr = learn.profile_trace
     assert tr['batches'] == [3, 4, 5]
     r = learn.simple_profile_results.set_index(['Phase', 'Step'])
     assert r.loc[('train', 'trace'), 'Number of Calls'] == 4   # 2 (start), 3, then 4 and 5 after the valid loop (stop)
@@ -192,10 +189,10 @@ class Boom(Callback):
 def test_trace_window_stops_when_fit_fails(tmp_path, monkeypatch):
     path = tmp_path/'t.json'
     trace_next_fits(monkeypatch, TraceWindow(path, wait=0, warmup=1, active=5))
-    learn = synth_learner(n_trn=8, cbs=Boom(3)).profile(show_report=False)
+    learn = synth_learner(n_trn=8, cbs=Boom(3)).profile(show_report=False, trace=True)
     with pytest.raises(RuntimeError, match='boom'), learn.no_bar(): learn.fit(1)
     assert not torch.autograd._profiler_enabled()
-    tr = learn.simple_profile_recorder.trace_result
+    tr = learn.profile_trace
     assert tr['trace_path'] == path and path.exists() and tr['batches'] == [1, 2, 3]
 
 def test_trace_window_too_short_fit_warns(tmp_path):
@@ -207,20 +204,20 @@ def test_trace_window_too_short_fit_warns(tmp_path):
 
 def test_profiler_start_stop_goes_to_the_trace_row(tmp_path):
     "On a fake clock: torch.profiler taking 10 s to start and to stop lands in the batches flagged for the `trace` row"
-    from fastxtend_prof.recorder import Step, summarize, TRACED, FLAGS
-    from fastxtend_prof.insight import TracingRecorder
+    from fastxtend_prof.recorder import Step, summarize, TRACED, FLAGS, TimingRecorder
     from fakes import ManualClock
     clk = ManualClock()
     class SlowWindow(TraceWindow):
         def step(self, k):
             if self.changes(k): clk.t += 10.0  # as if torch.profiler took 10 s to start or to stop
             super().step(k)
-    rec = TracingRecorder(warmup=0, clock=clk, window=SlowWindow(tmp_path/'t.json', wait=1, warmup=0, active=1))
-    rec.start(Step.FIT); rec.begin_phase(Phase.TRAIN)
+    obs = TraceObserver(TimingRecorder(warmup=0, clock=clk), SlowWindow(tmp_path/'t.json', wait=1, warmup=0, active=1))
+    rec = obs.rec
+    obs.start(Step.FIT); obs.begin_phase(Phase.TRAIN)
     for _ in range(3):
-        rec.draw(); clk.t += 1; rec.start_batch(); rec.end_batch(1); clk.t += 1
-    rec.draw(); rec.end_phase(); rec.stop(Step.FIT)
-    assert rec.trace_result['profiler_s'] == 20.0  # started before batch 1 (in batch 0's other), stopped before batch 2 (in 1's)
+        obs.draw(); clk.t += 1; obs.start_batch(); obs.end_batch(1); clk.t += 1
+    obs.draw(); obs.end_phase(); obs.stop(Step.FIT)
+    assert obs.result['profiler_s'] == 20.0  # started before batch 1 (in batch 0's other), stopped before batch 2 (in 1's)
     assert list(rec.spans[Step.FIT]) == [26.0]      # the fit took what it took
     m = rec.tables[Phase.TRAIN].matrix()
     assert ((m[:, FLAGS].astype(int) & TRACED) != 0).tolist() == [True, True, False]
@@ -228,7 +225,7 @@ def test_profiler_start_stop_goes_to_the_trace_row(tmp_path):
     assert rows['trace']['Number of Calls'] == 2 and rows['trace']['Total Time'] == 24.0
     assert rows['draw']['Number of Calls'] == 1 and rows['other']['Max Duration'] == 1.0   # batch 2 alone, untouched
     assert sum(rows[s]['Total Time'] for s in ('draw', 'batch', 'other', 'warmup', 'trace')) == 26.0
-    assert rec.trace_result['batches'] == [1] and rec.trace_result['trace_path'] == tmp_path/'t.json'
+    assert obs.result['batches'] == [1] and obs.result['trace_path'] == tmp_path/'t.json'
 
 START, EXPORT = 0.3, 1.2  # s: a CUDA-like profiler start (CUPTI takes seconds there) and a slow export
 
@@ -248,7 +245,7 @@ def test_trace_window_is_kept_out_of_the_statistics(tmp_path, monkeypatch, capsy
     from fastxtend_prof.recorder import make_recorder
     if mode == 'events': monkeypatch.setattr(simpleprofiler, 'make_recorder', partial(make_recorder, timer=MirrorTimer()))
     trace_next_fits(monkeypatch, SlowWindow(tmp_path/'t.json', wait=3, warmup=1, active=2))
-    learn = synth_learner(n_trn=30, n_val=4).profile(plain=True, sync=mode)
+    learn = synth_learner(n_trn=30, n_val=4).profile(plain=True, sync=mode, trace=True)
     with learn.no_bar(): learn.fit(1)
     assert learn.simple_profile_sync == mode
     res = learn.simple_profile_results
