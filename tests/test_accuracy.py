@@ -6,8 +6,8 @@ each step's mean grows by the known wait: within 5% or 0.75 ms, whichever is lar
 
 It runs in every timing mode: `sync='none'`, and `'device'` and `'events'` through the recorder's injectable seam (a
 no-op synchronisation; device events that are host timestamps), since this CPU machine has no accelerator."""
-import functools, time
-import numpy as np, pandas as pd, pytest, torch
+import functools
+import pytest, torch
 from torch import nn
 import torch.nn.functional as F
 from fastai.data.core import DataLoaders
@@ -17,17 +17,12 @@ from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
 from fastxtend_prof import simpleprofiler
 from fastxtend_prof.recorder import make_recorder
-from fakes import MirrorTimer
+from conftest import row, busy, MirrorTimer
 
 # Seconds each step of a batch takes, on top of the (tiny) real work.
 WAITS = dict(draw=0.015, forward=0.020, loss=0.010, backward=0.025, opt_step=0.015, zero_grad=0.010)
 T = dict.fromkeys(WAITS, 0.)  # the waits in force
 N_TRAIN, N_VALID, BS, EPOCHS = 12, 10, 8, 2  # enough valid batches that one scheduler hiccup cannot move a mean by 5%
-
-def busy(s):
-    "Spin for exactly `s` seconds of wall time (sleep would hand the core away and overshoot)"
-    end = time.perf_counter() + s
-    while time.perf_counter() < end: pass
 
 class SlowDL:
     "A DataLoader stand-in: the `n` batches of `dl`, made in advance, each taking exactly `T['draw']` to hand over"
@@ -98,14 +93,12 @@ def baseline(mode):
 @pytest.fixture(scope='module')
 def results(baseline, mode): return profiled_fit(WAITS, mode)
 
-def _row(res, phase, step): return res[(res.Phase == phase) & (res.Step == step)].iloc[0]
-
 @pytest.mark.parametrize('phase,step,key', [
     ('train', 'draw', 'draw'), ('train', 'forward', 'forward'), ('train', 'loss', 'loss'), ('train', 'backward', 'backward'),
     ('train', 'opt_step', 'opt_step'), ('train', 'zero_grad', 'zero_grad'),
     ('valid', 'draw', 'draw'), ('valid', 'predict', 'forward'), ('valid', 'loss', 'loss')])
 def test_step_means(mode, baseline, results, phase, step, key):
-    r, base = _row(results, phase, step), _row(baseline, phase, step)['Mean Duration']
+    r, base = row(results, phase, step), row(baseline, phase, step)['Mean Duration']
     added = r['Mean Duration'] - base
     print(f'sync={mode:6} {phase:5} {step:9} wait {WAITS[key]*1e3:6.3f} ms  measured {r["Mean Duration"]*1e3:6.3f} ms - baseline {base*1e3:.3f} ms = {added*1e3:6.3f} ms')
     assert abs(added - WAITS[key]) <= tolerance(WAITS[key])
@@ -115,7 +108,7 @@ def test_step_means(mode, baseline, results, phase, step, key):
 def test_batch_holds_its_steps(baseline, results):
     "The steps inside `batch` are disjoint parts of it: their sum fits in it, and the gaps between them don't grow"
     for phase, steps in (('train', ('forward', 'loss', 'backward', 'opt_step', 'zero_grad')), ('valid', ('predict', 'loss'))):
-        gap = {n: _row(r, phase, 'batch')['Mean Duration'] - sum(_row(r, phase, s)['Mean Duration'] for s in steps)
+        gap = {n: row(r, phase, 'batch')['Mean Duration'] - sum(row(r, phase, s)['Mean Duration'] for s in steps)
                for n, r in (('base', baseline), ('wait', results))}
         assert gap['wait'] >= 0
         assert abs(gap['wait'] - gap['base']) <= 0.00075
@@ -123,17 +116,17 @@ def test_batch_holds_its_steps(baseline, results):
 def test_other_gets_no_wait(baseline, results):
     "No known wait leaks into `other`"
     for phase in ('train', 'valid'):
-        assert abs(_row(results, phase, 'other')['Mean Duration'] - _row(baseline, phase, 'other')['Mean Duration']) <= 0.00075
+        assert abs(row(results, phase, 'other')['Mean Duration'] - row(baseline, phase, 'other')['Mean Duration']) <= 0.00075
 
 @pytest.mark.parametrize('phase', ['train', 'valid'])
 def test_partition(results, phase):
     "draw + batch + other + warmup add up to the phase's time (within 1%)"
     top = results[(results.Phase == phase) & (results.Action == results.Step)]
     assert set(top.Step) == {'draw', 'batch', 'other', 'warmup'}
-    phase_total = _row(results, 'fit', phase)['Total Time']
+    phase_total = row(results, 'fit', phase)['Total Time']
     assert abs(top['Total Time'].sum() - phase_total) <= 0.01*phase_total
 
 def test_samples_per_second(results):
-    r = _row(results, 'train', 'batch')
+    r = row(results, 'train', 'batch')
     assert r['Samples/Second'] == pytest.approx(BS*r['Number of Calls']/r['Total Time'])
-    assert _row(results, 'fit', 'train')['Samples/Second'] == pytest.approx(EPOCHS*N_TRAIN*BS/_row(results, 'fit', 'train')['Total Time'])
+    assert row(results, 'fit', 'train')['Samples/Second'] == pytest.approx(EPOCHS*N_TRAIN*BS/row(results, 'fit', 'train')['Total Time'])

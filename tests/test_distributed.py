@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest, torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from conftest import row
 
 WORLD, SLOW_RANK = 2, 1
 BS, N_TRAIN, N_VALID = 16, 12, 2  # batches per rank and epoch
@@ -179,11 +180,6 @@ def failing(tmp_path_factory):
     path = tmp_path_factory.mktemp('failing')
     return (path, *_launch(path, 'ddp', 'failing'))
 
-def _row(df, step, phase='train'):
-    r = df[(df.Phase == phase) & (df.Step == step)]
-    assert len(r) == 1, f'expected one ({phase}, {step}) row, got {len(r)}'
-    return r.iloc[0]
-
 # ----------------------------------------------------------------------------------------------------------- tests
 def test_rank0_gets_both_ranks(straggler):
     "Rank 0 holds the per-rank table of both ranks and the merged table; rank 1 holds neither"
@@ -203,10 +199,10 @@ def test_rank0_gets_both_ranks(straggler):
         assert mine.equals(own.reset_index(drop=True)), f'rank {r} arrived changed'
     merged = g0['merged']
     assert list(merged.columns) == [*RESULT_COLS, *RANK_COLS]
-    draw = _row(merged, 'draw')
-    assert draw['Number of Calls'] == sum(_row(recs[r]['own'], 'draw')['Number of Calls'] for r in (0, 1))
+    draw = row(merged, 'train', 'draw')
+    assert draw['Number of Calls'] == sum(row(recs[r]['own'], 'train', 'draw')['Number of Calls'] for r in (0, 1))
     assert draw['Slowest Rank'] == SLOW_RANK
-    assert draw['Rank Max'] == pytest.approx(_row(recs[SLOW_RANK]['own'], 'draw')['Mean Duration'])
+    assert draw['Rank Max'] == pytest.approx(row(recs[SLOW_RANK]['own'], 'train', 'draw')['Mean Duration'])
     assert draw['Rank Max'] - draw['Rank Min'] > 0.5*DRAW_SLEEP
     assert g1['s'] < 0.5, f"rank 1 spent {g1['s']:.2f} s in the gather: it should only send"
     assert g0['s'] < GATHER_TIMEOUT/2, f"rank 0 spent {g0['s']:.2f} s in the gather"

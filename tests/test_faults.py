@@ -35,10 +35,12 @@ import fastxtend_prof.all  # noqa: F401  (registers `before_draw`, patches `Lear
 from fastxtend_prof import events
 from fastxtend_prof.report import RESULT_COLS
 from fastxtend_prof.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback
+from conftest import row, calls, BatchLog, RaiseAt, LyingDL, BATCH_EVENTS, LOOP_EVENTS, FIT_EVENTS
 
 N_TRN, N_VAL, EPOCHS = 6, 2, 2     # synth batches of 16; every fit below runs 2 epochs unless said otherwise
 FAULT_EPOCH, FAULT_ITER = 1, 3      # where faults strike: the 4th train batch of the second epoch
 FAULT_TRAIN_CALL = N_TRN*FAULT_EPOCH + FAULT_ITER + 1   # ... counted as the n-th train batch of the fit (1-based)
+AT_FAULT = dict(it=FAULT_ITER, epoch=FAULT_EPOCH)   # `RaiseAt` there: that batch (valid: batch 0), that epoch or the fit
 TOP = ('draw', 'batch', 'other', 'warmup')
 SUBS = {'train': ('forward', 'loss', 'backward', 'opt_step', 'zero_grad'), 'valid': ('predict', 'loss')}
 CANCELS = sorted(n for n in dir(fcore) if n.startswith('Cancel') and n.endswith('Exception'))
@@ -55,30 +57,6 @@ def synth(n_trn=N_TRN, n_val=N_VAL, model=RegModel, **kw):
     set_seed(0)
     data = synth_dbunch(n_train=n_trn, n_valid=n_val)
     return quiet(synth_learner(data=data, model=model(), **kw))
-
-class BatchLog(Callback):
-    "Independent count of what fastai ran, seen right after the profiler's own callback (order -1000), per `before_fit`"
-    order = -999
-    def __init__(self): self.fits = []  # one dict per fit-like call (fit, validate, get_preds, lr_find): loops, epochs
-    def before_fit(self): self.fits.append(dict(loops=[], epochs=0, real=_in_real_fit()))
-    def before_epoch(self): self.fits[-1]['epochs'] += 1
-    def before_train(self): self.fits[-1]['loops'].append(['train', 0])
-    def before_validate(self): self.fits[-1]['loops'].append(['valid', 0])
-    def before_batch(self): self.fits[-1]['loops'][-1][1] += 1
-
-    def expected(self, fit, phase, warmup=1):
-        "(steady batches, warmup batches, loops, loops without a batch) of `phase` in the `fit`-th fit"
-        runs = [n for p, n in self.fits[fit]['loops'] if p == phase]
-        warm = sum(min(n, warmup) for n in runs)
-        return sum(runs) - warm, warm, len(runs), sum(n == 0 for n in runs)
-
-def _in_real_fit():
-    "True inside `Learner.fit` (fastai runs `before_fit` from `_with_events(_do_fit, 'fit', ...)`), False in validate/get_preds"
-    f = inspect.currentframe()
-    while f is not None:
-        if f.f_code.co_name == '_with_events' and f.f_locals.get('event_type') == 'fit': return True
-        f = f.f_back
-    return False
 
 class OptSpy(Callback):
     "Logs real optimizer steps (the train iter of each, once it returned), per fit, by wrapping `learn.opt.step`"
@@ -103,7 +81,7 @@ class Outcome(types.SimpleNamespace):
 def run(make, act, profiled, warmup=1, spy=True, **pkw):
     "Build a learner with `make()`, profile it if `profiled`, run `act(learn)` from seed 1 and record what happened"
     learn = make()
-    log = BatchLog()
+    log = BatchLog(order=-999)  # seen right after the profiler's own callback (order -1000)
     learn.add_cb(log)
     spy = learn.add_cb(OptSpy()).cbs[-1] if spy else types.SimpleNamespace(iters=[])  # (a wrapped `opt.step` can't be pickled)
     if profiled: learn.profile(**{'show_report': False, 'warmup': warmup, **pkw})
@@ -145,13 +123,6 @@ def assert_clean(learn):
     assert not [cb for cb in learn.cbs if isinstance(cb, PROFILER_CBS)], list(learn.cbs)
     assert not events.listens_before_draw(learn)
     assert learn not in events._WATCH
-
-def row(df, phase, step):
-    r = df[(df.Phase == phase) & (df.Step == step)]
-    assert len(r) == 1, f'expected one ({phase}, {step}) row, got {len(r)}'
-    return r.iloc[0]
-
-def calls(df, phase, step): return int(row(df, phase, step)['Number of Calls'])
 
 def assert_recorded(o, warmup=1, fit=0, exact_steps=True):
     "(3) what ran up to the fault in the `fit`-th fit is in the results: counts match `BatchLog`, top rows partition each phase"
@@ -271,29 +242,10 @@ def with_loader(learn, idx, **kw):
     learn.dls.loaders[idx] = FaultyDL(learn.dls.loaders[idx], **kw)
     return learn
 
-BATCH_EVENTS = ('before_batch', 'after_pred', 'after_loss', 'before_backward', 'after_backward', 'before_step',
-                'after_step', 'after_batch')
-LOOP_EVENTS = ('before_epoch', 'before_train', 'after_train', 'before_validate', 'after_validate', 'after_epoch')
-FIT_EVENTS = ('before_fit', 'after_fit')
-
-class RaiseAt(Callback):
-    "Raises `make()` at `event`: of train batch FAULT_ITER (or valid batch 0) of epoch FAULT_EPOCH, that epoch, or the fit"
-    def __init__(self, event, make, order=0, valid=False):
-        self.event, self.make, self.order, self.valid, self.raised = event, make, order, valid, None
-        setattr(self, event, self._maybe)
-    def _maybe(self):
-        if self.event in BATCH_EVENTS:
-            hit = self.epoch == FAULT_EPOCH and self.training != self.valid and self.iter == (0 if self.valid else FAULT_ITER)
-        elif self.event in LOOP_EVENTS: hit = self.epoch == FAULT_EPOCH
-        else: hit = True
-        if hit and self.raised is None:
-            self.raised = self.make()
-            raise self.raised
-
 def cb_case(event, make=lambda: Fault('callback failed'), order=0, valid=False):
     "(make, act) for a fit where a callback raises at `event`"
     def act(learn):
-        cb = RaiseAt(event, make, order, valid)
+        cb = RaiseAt(event, make, order=order, valid=valid, **AT_FAULT)
         try: return learn.fit(EPOCHS, cbs=cb)
         except BaseException as e:
             assert e is cb.raised, f'{e!r} is not the object the callback raised ({cb.raised!r})'
@@ -360,7 +312,7 @@ def test_optimizer_creation_failure():
 
 def test_loop_without_batches_is_in_the_partition():
     learn = synth().profile(show_report=False)
-    learn.fit(EPOCHS, cbs=RaiseAt('before_train', fcore.CancelTrainException))  # epoch 1's train loop runs no batch
+    learn.fit(EPOCHS, cbs=RaiseAt('before_train', fcore.CancelTrainException, **AT_FAULT))  # epoch 1's train loop runs no batch
     df = learn.simple_profile_results
     assert calls(df, 'fit', 'train') == EPOCHS and calls(df, 'train', 'batch') == N_TRN - 1
     top = df[(df.Phase == 'train') & df.Step.isin(TOP)]['Total Time'].sum()
@@ -373,7 +325,7 @@ def test_step_that_ran_is_counted_when_after_step_raises():
     learn = synth()
     spy = learn.add_cb(OptSpy()).cbs[-1]
     learn.profile(show_report=False)
-    learn.fit(EPOCHS, cbs=RaiseAt('after_step', fcore.CancelBatchException))
+    learn.fit(EPOCHS, cbs=RaiseAt('after_step', fcore.CancelBatchException, **AT_FAULT))
     df = learn.simple_profile_results
     assert calls(df, 'train', 'opt_step') == sum(i >= 1 for i in spy.iters[0]) == EPOCHS*(N_TRN - 1)
 
@@ -463,7 +415,7 @@ def test_pickle_round_trip(when):
     def act(learn):
         if when == 'after-fit': learn.fit(1)
         if when == 'after-failed-fit':
-            try: learn.fit(EPOCHS, cbs=RaiseAt('after_loss', lambda: Fault('x')))
+            try: learn.fit(EPOCHS, cbs=RaiseAt('after_loss', lambda: Fault('x'), **AT_FAULT))
             except Fault: pass
         copy = pickle.loads(pickle.dumps(learn))
         if 'profile_result' in learn.__dict__:  # the last profile travels with the copy
@@ -561,19 +513,10 @@ def test_short_epoch_callback():
     check_scenario(synth, fit(cbs=ShortEpochCallback(pct=0.5, short_valid=True)))
 
 # ------------------------------------------------------------------------------------------------ 6. data oddities
-class LenDL:
-    "Wraps a loader: claims `claimed` batches, yields at most `n`"
-    def __init__(self, dl, n, claimed): self.dl, self.n, self.claimed = dl, n, claimed
-    def __len__(self): return self.claimed
-    def __iter__(self): return itertools.islice(iter(self.dl), self.n)
-    def __getattr__(self, k):
-        if k.startswith('__'): raise AttributeError(k)
-        return getattr(self.__dict__['dl'], k)
-
 def lying(idx, n, claimed, **kw):
     def make():
         learn = synth(**kw)
-        learn.dls.loaders[idx] = LenDL(learn.dls.loaders[idx], n, claimed)
+        learn.dls.loaders[idx] = LyingDL(learn.dls.loaders[idx], n, claimed)
         return learn
     return make
 

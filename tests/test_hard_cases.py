@@ -4,8 +4,8 @@ argument checking and `show_training_loop`.
 
 Every test counts batches independently of the profiler (a logging callback, a wrapped optimizer) and checks
 the partition: for each phase, the top-level rows (draw + batch + other + warmup) add up to the phase's time."""
-import contextlib, inspect, io, itertools, os, warnings
-import numpy as np, pandas as pd, pytest, torch
+import contextlib, inspect, io, os, warnings
+import pandas as pd, pytest, torch
 from pathlib import Path
 from fastcore.basics import noop
 from fastai.learner import Learner
@@ -20,6 +20,7 @@ import fastai.callback.schedule  # noqa: F401  (Learner.lr_find)
 from fastxtend_prof.all import *  # registers `before_draw` and patches `Learner.profile`
 from fastxtend_prof import events
 from fastxtend_prof.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback
+from conftest import row, calls, BatchLog, RaiseAt, LyingDL
 
 N_TRN, N_VAL = 10, 2  # synth_learner's batches of 16
 TOP = ('draw', 'batch', 'other', 'warmup')
@@ -38,12 +39,6 @@ def prof(learn, **kw):
     kw.setdefault('show_report', False)
     return learn.profile(**kw)
 
-def row(df, phase, step):
-    r = df[(df.Phase == phase) & (df.Step == step)]
-    assert len(r) == 1, f'expected exactly one ({phase}, {step}) row, got {len(r)}'
-    return r.iloc[0]
-
-def calls(df, phase, step): return int(row(df, phase, step)['Number of Calls'])
 def total(df, phase, step): return float(row(df, phase, step)['Total Time'])
 def phases(df): return set(df.Phase)
 
@@ -83,12 +78,6 @@ def assert_normal_profile(learn, n_trn=N_TRN, n_val=N_VAL):
     check_phase_counts(df, 'valid', n_val-1, 1, {'predict': n_val-1, 'loss': n_val-1})
     check_partition(df)
     assert_removed(learn)
-
-class BatchLog(Callback):
-    "Independent record of the batches fastai ran: `(epoch, iter)` per phase, at `before_batch`"
-    order = -2000
-    def before_fit(self): self.train, self.valid = [], []
-    def before_batch(self): (self.train if self.training else self.valid).append((self.epoch, self.iter))
 
 def steady(log, warmup=1):
     "Non-warmup batches of `log` (each loop's first `warmup` are warmup): every loop starts at iter 0 here"
@@ -265,23 +254,15 @@ class FailingModel(RegModel):
             raise self.raised
         return super().forward(x)
 
-class RaiseAt(Callback):
-    "Raises `make()` at `event` of train batch `it`"
-    def __init__(self, make, event, it=4): self.make, self.it, self.raised = make, it, None; setattr(self, event, self._maybe)
-    def _maybe(self):
-        if self.training and self.iter == self.it:
-            self.raised = self.make()
-            raise self.raised
-
 def _fault_case(kind):
     "(learner, fit cbs, expected exception type, a function giving the raised object) for each kind of fault"
     if kind == 'model':
         m = FailingModel(5)  # the 5th train batch (iter 4)
         return mk(model=m), [], RuntimeError, lambda: m.raised
     if kind == 'after_pred':
-        cb = RaiseAt(lambda: RuntimeError('boom in after_pred'), 'after_pred')
+        cb = RaiseAt('after_pred', lambda: RuntimeError('boom in after_pred'), it=4)
         return mk(), [cb], RuntimeError, lambda: cb.raised
-    cb = RaiseAt(KeyboardInterrupt, 'after_batch')
+    cb = RaiseAt('after_batch', KeyboardInterrupt, it=4)
     return mk(), [cb], KeyboardInterrupt, lambda: cb.raised
 
 @pytest.mark.parametrize('kind', ['model', 'after_pred', 'keyboard_interrupt'])
@@ -455,13 +436,6 @@ def test_mixed_precision_on_cpu():
     assert_removed(learn)
 
 # ------------------------------------------------------------------------------------------- 8. dishonest loaders
-class LyingDL:
-    "Wraps a loader: claims `claimed` batches, yields at most `n`"
-    def __init__(self, dl, n, claimed): self.dl, self.n, self.claimed = dl, n, claimed
-    def __len__(self): return self.claimed
-    def __iter__(self): return itertools.islice(iter(self.dl), self.n)
-    def __getattr__(self, k): return getattr(self.dl, k)
-
 class NoLenDL:
     "Wraps a loader as a plain iterable: no `__len__`"
     def __init__(self, dl): self.dl = dl

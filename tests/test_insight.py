@@ -1,9 +1,9 @@
 """Insight: each rule fires on a made-up run that has its problem and stays silent on one that doesn't; real fits get the
 data-bound verdict when the data is slow and no advice when they are healthy; the trace window writes fastai's phases
 into a chrome trace during a real fit on CPU, and stops the profiler when the fit fails."""
-import json, time, warnings
+import json, time
 from functools import partial
-import numpy as np, pytest, torch
+import pytest, torch
 from torch import nn
 from fastai.data.core import DataLoaders
 from fastai.learner import Learner
@@ -17,6 +17,7 @@ from fastxtend_prof.recorder import Phase
 from fastxtend_prof.insight import (Advice, RULES, advise, data_bound, startup, host_bound_opt_step, heavy_callbacks, unstable_steps,
     host_timing, learner_advice, run_context, synthetic_run)
 from fastxtend_prof.trace import RANGE_NAMES, TraceWindow, TraceObserver
+from conftest import busy
 
 CTX = dict(device='cpu', sync='none', num_workers=0, pin_memory=False, persistent_workers=False, loader='fastai',
            callbacks_in_other=['Recorder', 'ProgressCallback'], optimizer='fastai Adam', cpu_count=2)
@@ -78,10 +79,6 @@ def test_crashing_rule_is_skipped():
     assert [a.rule for a in adv] == ['data_bound', 'x']
 
 # --- real fits -----------------------------------------------------------------------------------------------------
-
-def busy(s):
-    end = time.perf_counter() + s
-    while time.perf_counter() < end: pass
 
 class SlowItems:
     "Items that take `delay` seconds each to load"
@@ -205,7 +202,7 @@ def test_trace_window_too_short_fit_warns(tmp_path):
 def test_profiler_start_stop_goes_to_the_trace_row(tmp_path):
     "On a fake clock: torch.profiler taking 10 s to start and to stop lands in the batches flagged for the `trace` row"
     from fastxtend_prof.recorder import Step, summarize, TRACED, FLAGS, TimingRecorder
-    from fakes import ManualClock
+    from conftest import ManualClock
     clk = ManualClock()
     class SlowWindow(TraceWindow):
         def step(self, k):
@@ -241,7 +238,7 @@ class SlowWindow(TraceWindow):
 @pytest.mark.parametrize('mode', ['none', 'events'])
 def test_trace_window_is_kept_out_of_the_statistics(tmp_path, monkeypatch, capsys, mode):
     "The profiler's start/stop, the batches it slows and its export: in the `trace` row and the totals, in no step and no rule"
-    from fakes import MirrorTimer
+    from conftest import MirrorTimer
     from fastxtend_prof.recorder import make_recorder
     if mode == 'events': monkeypatch.setattr(simpleprofiler, 'make_recorder', partial(make_recorder, timer=MirrorTimer()))
     trace_next_fits(monkeypatch, SlowWindow(tmp_path/'t.json', wait=3, warmup=1, active=2))

@@ -1,6 +1,5 @@
 """Plots: the breakdown bars and the per-batch timeline drawn from a real profiled fit, checked through the artists' data."""
-import numpy as np, pandas as pd, pytest
-from pathlib import Path
+import numpy as np, pytest
 from fastai.test_utils import synth_learner
 from fastai.callback.core import Callback, CancelStepException
 import fastxtend_prof.simpleprofiler  # noqa: F401  (adds Learner.profile)

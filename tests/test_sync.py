@@ -4,10 +4,10 @@ import numpy as np, pytest, torch
 from fastai.test_utils import synth_learner
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (Learner.profile)
-from fakes import MirrorTimer, ManualClock
+from conftest import MirrorTimer, ManualClock
 from fastxtend_prof import simpleprofiler
-from fastxtend_prof.recorder import (TimingRecorder, EventRecorder, SyncClock, TorchEventTimer, make_recorder, summarize, device_view,
-                                     Phase, Step, StepSummary, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH, N_SLOTS)
+from fastxtend_prof.recorder import (TimingRecorder, EventRecorder, TorchEventTimer, make_recorder, summarize, device_view,
+                                     Phase, Step, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH, N_SLOTS)
 
 def use_mode(monkeypatch, mode):
     "Make the callbacks build the recorder of `mode` on this CPU machine, through the injectable seam"

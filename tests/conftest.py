@@ -1,0 +1,96 @@
+"""Helpers shared by the pytest files, the one home for them: `from conftest import row, BatchLog, MirrorTimer`.
+
+pytest imports this file first and puts this folder on `sys.path`, so the test files (and the workers that
+test_distributed spawns, which get the same path) import it by name like any module."""
+import inspect, itertools, time
+from fastai.callback.core import Callback
+
+# ------------------------------------------------------------------------------------------------- results tables
+def row(df, phase, step):
+    "The one row of profile results `df` for (`phase`, `step`); fails unless there is exactly one"
+    r = df[(df.Phase == phase) & (df.Step == step)]
+    assert len(r) == 1, f'expected one ({phase}, {step}) row, got {len(r)}'
+    return r.iloc[0]
+
+def calls(df, phase, step):
+    "The `Number of Calls` of (`phase`, `step`) in `df`, as an int"
+    return int(row(df, phase, step)['Number of Calls'])
+
+# -------------------------------------------------------------------------------------------------------- workloads
+def busy(s):
+    "Spin for exactly `s` seconds of wall time (sleep would hand the core away and overshoot)"
+    end = time.perf_counter() + s
+    while time.perf_counter() < end: pass
+
+# ---------------------------------------------------------------------------------------------------- test doubles
+class MirrorTimer:
+    "A device timer whose events are host timestamps: the whole `sync='events'` pipeline runs on a CPU"
+    def __init__(self): self.queries = 0
+    def record(self): return time.perf_counter()
+    def elapsed(self, a, b): return b - a
+    def ready(self, e): self.queries += 1; return True
+    def synchronize(self): pass
+
+class ManualClock:
+    "A clock that returns `t`, which the test advances"
+    t = 0.0
+    def __call__(self): return self.t
+
+class LyingDL:
+    "Wraps a loader: claims `claimed` batches, yields at most `n`"
+    def __init__(self, dl, n, claimed): self.dl, self.n, self.claimed = dl, n, claimed
+    def __len__(self): return self.claimed
+    def __iter__(self): return itertools.islice(iter(self.dl), self.n)
+    def __getattr__(self, k):
+        if k.startswith('__'): raise AttributeError(k)
+        return getattr(self.__dict__['dl'], k)
+
+# ------------------------------------------------------------------------------------------------------- callbacks
+BATCH_EVENTS = ('before_batch', 'after_pred', 'after_loss', 'before_backward', 'after_backward', 'before_step',
+                'after_step', 'after_batch')
+LOOP_EVENTS = ('before_epoch', 'before_train', 'after_train', 'before_validate', 'after_validate', 'after_epoch')
+FIT_EVENTS = ('before_fit', 'after_fit')
+
+def _in_real_fit():
+    "True inside `Learner.fit` (fastai runs `before_fit` from `_with_events(_do_fit, 'fit', ...)`), False in validate/get_preds"
+    f = inspect.currentframe()
+    while f is not None:
+        if f.f_code.co_name == '_with_events' and f.f_locals.get('event_type') == 'fit': return True
+        f = f.f_back
+    return False
+
+class BatchLog(Callback):
+    "Independent record of the batches fastai ran: per fit-like call in `fits`, and as `(epoch, iter)` in `train`/`valid` since the last `before_fit`"
+    def __init__(self, order=-2000):
+        self.order = order
+        self.fits = []  # one dict per fit-like call (fit, validate, get_preds, lr_find): loops, epochs
+    def before_fit(self):
+        self.fits.append(dict(loops=[], epochs=0, real=_in_real_fit()))
+        self.__dict__.update(train=[], valid=[])  # not `self.train = `: fastai would warn that it shadows `learn.train`
+    def before_epoch(self): self.fits[-1]['epochs'] += 1
+    def before_train(self): self.fits[-1]['loops'].append(['train', 0])
+    def before_validate(self): self.fits[-1]['loops'].append(['valid', 0])
+    def before_batch(self):
+        self.fits[-1]['loops'][-1][1] += 1
+        (self.train if self.training else self.valid).append((self.epoch, self.iter))
+
+    def expected(self, fit, phase, warmup=1):
+        "(steady batches, warmup batches, loops, loops without a batch) of `phase` in the `fit`-th fit"
+        runs = [n for p, n in self.fits[fit]['loops'] if p == phase]
+        warm = sum(min(n, warmup) for n in runs)
+        return sum(runs) - warm, warm, len(runs), sum(n == 0 for n in runs)
+
+class RaiseAt(Callback):
+    "Raises `make()` once at `event`: of train batch `it` (valid batch 0 if `valid`) of epoch `epoch` (None: any), that epoch, or the fit"
+    def __init__(self, event, make, it, epoch=None, order=0, valid=False):
+        self.event, self.make, self.at_iter, self.at_epoch, self.order, self.valid, self.raised = event, make, it, epoch, order, valid, None
+        setattr(self, event, self._maybe)
+    def _maybe(self):
+        in_epoch = self.at_epoch is None or self.epoch == self.at_epoch
+        if self.event in BATCH_EVENTS:
+            hit = in_epoch and self.training != self.valid and self.iter == (0 if self.valid else self.at_iter)
+        elif self.event in LOOP_EVENTS: hit = in_epoch
+        else: hit = True
+        if hit and self.raised is None:
+            self.raised = self.make()
+            raise self.raised
