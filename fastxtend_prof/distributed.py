@@ -10,7 +10,7 @@ __all__ = ['RANK_COLS', 'STRAGGLER_RATIO', 'STRAGGLER_MIN_EXCESS', 'STRAGGLER_CR
            'gather_profile']
 
 # %% ../nbs/05_distributed.ipynb #6d0456cf
-import itertools, math, pickle, time, warnings
+import itertools, math, os, pickle, time, warnings
 from dataclasses import dataclass, field
 import numpy as np, pandas as pd
 import torch.distributed as dist
@@ -19,8 +19,8 @@ from .insight import Advice
 
 # %% ../nbs/05_distributed.ipynb #dd9cba62
 def dist_info() -> tuple:
-    "`(initialized, rank, world_size)` of `torch.distributed`; `(False, 0, 1)` when it is not initialized"
-    if not (dist.is_available() and dist.is_initialized()): return False, 0, 1
+    "`(initialized, rank, world_size)` of `torch.distributed`; when it is not initialized, fastai's convention: `RANK` and `WORLD_SIZE`, default `(False, 0, 1)`"
+    if not (dist.is_available() and dist.is_initialized()): return False, int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
     return True, dist.get_rank(), dist.get_world_size()
 
 # %% ../nbs/05_distributed.ipynb #898ad33c

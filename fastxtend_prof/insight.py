@@ -1,4 +1,4 @@
-"""A verdict and advice after every profiled fit, and a deep-dive window that runs `torch.profiler` over a few train steps with fastai's phases as named ranges.
+"""A verdict and advice after every profiled fit: rules that read the report and the per-batch rows, and say what to change in fastai terms.
 
 Docs: https://fastxtend-prof.github.io/fastxtend_prof/insight.html.md"""
 

@@ -11,11 +11,12 @@ __all__ = ['LIVE_STEPS', 'SPS_KEYS', 'DURATION_KEYS', 'LIVE_KEYS', 'KNOWN_LOGGER
            'LoggerHub']
 
 # %% ../nbs/06_loggers.ipynb #f29682a0
-import math, os, sys, warnings
+import math, sys, warnings
 from typing import Callable, NamedTuple
 import numpy as np, pandas as pd
 from .recorder import *
 from .report import report_markdown
+from .distributed import dist_info
 
 # %% ../nbs/06_loggers.ipynb #980c59ee
 LIVE_STEPS = (Step.DRAW, Step.BATCH, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP)
@@ -57,7 +58,7 @@ def live_values(rec:TimingRecorder, n:int=10) -> dict:
 # %% ../nbs/06_loggers.ipynb #9020f354
 class Logger:
     "A profile logger paired with the fastai callback `cb`: `live` every `log_every` train batches, `after_fit` once"
-    name = cb_name = None  # registry name; attribute of the paired fastai callback (`learn.<cb_name>`)
+    cb_name = None  # attribute of the paired fastai callback (`learn.<cb_name>`); the registry keeps the name
     def __init__(self, cb=None): self.cb = cb
     def live(self, learn, values:dict):
         "Log `values` (keys from `LIVE_KEYS`, floats) for the current train batch"
@@ -147,7 +148,7 @@ def fix_fastai_wandb(mod=None) -> bool:
 # %% ../nbs/06_loggers.ipynb #130ae5fb
 class WandbLogger(Logger):
     "Live values at `WandbCallback`'s step; after fit the report and results as wandb Tables and `profile/...` summary values"
-    name,cb_name = 'wandb','wandb'
+    cb_name = 'wandb'
     def __init__(self, cb=None):
         import wandb
         super().__init__(cb)
@@ -166,7 +167,7 @@ class WandbLogger(Logger):
 # %% ../nbs/06_loggers.ipynb #d36c5040
 class TensorBoardLogger(Logger):
     "Live values at `TensorBoardCallback`'s step (`learn.train_iter`); after fit the report as markdown text"
-    name,cb_name = 'tensorboard','tensor_board'
+    cb_name = 'tensor_board'
     def live(self, learn, values):
         w, step = self.cb.writer, learn.train_iter
         for k, v in values.items(): w.add_scalar(k, v, step)
@@ -187,12 +188,6 @@ def attached_callback(learn, cb_name:str):
     cb = getattr(learn, cb_name, None)
     return cb if cb is not None and any(c is cb for c in learn.cbs) else None
 
-def _rank() -> int:
-    "This process's rank: torch.distributed's when initialized, else fastai's convention (`RANK`, default 0)"
-    import torch.distributed as dist
-    if dist.is_available() and dist.is_initialized(): return dist.get_rank()
-    return int(os.environ.get('RANK', 0))
-
 class LoggerHub:
     "Sends a profiled fit's live values every `log_every` train batches, and its results after fit, to `loggers`"
     def __init__(self,
@@ -205,9 +200,8 @@ class LoggerHub:
     @classmethod
     def create(cls, learn, logger_callback='auto', log_every:int=10):
         "A hub for the loggers `logger_callback` selects whose fastai callback is attached to `learn`; None if there are none"
-        fix_fastai_wandb()  # fastai #4173, before WandbCallback.before_fit runs
         names, log_every = check_logger_callback(logger_callback), check_log_every(log_every)
-        if names is None or _rank() != 0: return None
+        if names is None or dist_info()[1] != 0: return None  # only rank 0 logs, as fastai's loggers
         entries = list(KNOWN_LOGGERS.values()) if names == 'auto' else [KNOWN_LOGGERS[n] for n in names]
         found = [(e, cb) for e in entries if (cb := attached_callback(learn, e.cb_name)) is not None]
         return cls([(e, cb, e.factory(cb)) for e, cb in found], log_every) if found else None
