@@ -119,8 +119,8 @@ def summary_values(results:pd.DataFrame) -> dict:
     "`profile/{phase}/{step}_mean_s` and `..._samples_per_s` for every row of `results`, NaN left out"
     out = {}
     for p, s, m, sps in zip(results.Phase, results.Step, results['Mean Duration'], results['Samples/Second']):
-        if m == m: out[f'profile/{p}/{s}_mean_s'] = float(m)
-        if sps == sps: out[f'profile/{p}/{s}_samples_per_s'] = float(sps)
+        if not math.isnan(m): out[f'profile/{p}/{s}_mean_s'] = float(m)
+        if not math.isnan(sps): out[f'profile/{p}/{s}_samples_per_s'] = float(sps)
     return out
 
 # %% ../nbs/06_loggers.ipynb #adadbb9e

@@ -139,7 +139,7 @@ class TimingRecorder:
         "Mark `before_batch` for a batch of `samples`: it starts; the previous batch's `other` ends where this draw began"
         t = self.clock()
         d, self._draw_t = self._draw_t, _NAN
-        if d != d: d = t  # no before_draw was seen: count no draw time
+        if d != d: d = t  # NaN (`not is_set(d)`, inlined on the hot path): no before_draw was seen, so count no draw time
         if self._row_open: self._close_row(d)
         row = self._row
         row[BEFORE_DRAW], row[BEFORE_BATCH], row[SAMPLES], self._row_open = d, t, samples, True
