@@ -14,6 +14,7 @@ profiler in the same round, that cost as a ratio of the floor's, and the fixed c
 
     python benchmarks/overhead.py                      # 30 rounds of 1,000 batches per configuration
     python benchmarks/overhead.py --rounds 60 --batches 2000
+    git worktree add /tmp/base HEAD~1 && python benchmarks/overhead.py --base /tmp/base   # before/after a change, same rounds
 """
 import argparse, json, os, statistics, subprocess, sys, time
 
@@ -59,6 +60,7 @@ def attach(learn, mode):
 
 def worker(mode, batches):
     "Serve timed fits, one per 'go' line on stdin, answering as JSON: the epoch loop's and the whole fit's µs per batch"
+    if mode == 'base': mode = 'ours'  # the profiler of another checkout, found first on PYTHONPATH
     learn = make_learner(mode, batches)
     n, loop = batches + max(1, batches//10), []
     do_fit = learn._do_fit
@@ -87,13 +89,16 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument('--rounds', type=int, default=30)
     p.add_argument('--batches', type=int, default=1000, help='train batches per timed fit (plus a tenth as many valid)')
-    p.add_argument('--worker', choices=MODES, help=argparse.SUPPRESS)
+    p.add_argument('--base', metavar='CHECKOUT', help="another checkout of this repository (e.g. `git worktree add /tmp/base HEAD~1`): "
+                   "its profiler runs as configuration `base`, interleaved with `ours` in the same rounds")
+    p.add_argument('--worker', choices=MODES + ('base',), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker: return worker(a.worker, a.batches)
-    modes = [m for m in MODES if available(m)]
+    modes = [m for m in MODES if available(m)] + (['base'] if a.base else [])
     env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONWARNINGS='ignore', PYTHONHASHSEED='0')
+    envs = {m: dict(env, PYTHONPATH=os.path.abspath(a.base)) if m == 'base' else env for m in modes}
     procs = {m: subprocess.Popen([sys.executable, __file__, '--worker', m, '--batches', str(a.batches)], stdin=subprocess.PIPE,
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env) for m in modes}
+                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=envs[m]) for m in modes}
     for m, pr in list(procs.items()):
         if pr.stdout.readline().strip() != 'ready':
             print(f'{m}: worker failed to start', file=sys.stderr); procs.pop(m); modes.remove(m)
