@@ -21,9 +21,17 @@ def _orig(name):
     "fastai's own `Learner.<name>`, kept on `Learner` so every copy of this module (a reload, a notebook) shares it"
     return Learner.__dict__['_fxp_originals'][name]
 
+def _wants_draw(cb, training:bool) -> bool:
+    "Whether fastai would call `cb.before_draw` now, and `cb` wants it"
+    if not cb.run or not ((cb.run_train and training) or (cb.run_valid and not training)): return False
+    if 'before_draw' not in cb.__dict__ and getattr(type(cb), 'before_draw', None) is None: return False  # function-style, or a method
+    wants = getattr(type(cb), 'wants_before_draw', None)
+    return wants is None or bool(wants(cb))
+
 def listens_before_draw(learn) -> bool:
-    "True if a callback of `learn` implements `before_draw`"
-    return any(getattr(type(cb), 'before_draw', None) is not None for cb in learn.cbs)
+    "True if a callback of `learn` would get `before_draw` now and wants it (see `wants_before_draw`)"
+    training = getattr(learn, 'training', False)
+    return any(_wants_draw(cb, training) for cb in learn.cbs)
 
 def all_batches_with_draw(self:Learner):
     "Run every batch of `self.dl`, emitting `before_draw` before each draw when a callback listens to it"

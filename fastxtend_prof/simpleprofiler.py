@@ -9,7 +9,8 @@ __all__ = ['IDLE', 'FitSession', 'SimpleProfilerCallback', 'SimpleProfilerPostCa
            'fit_result']
 
 # %% ../nbs/08_simpleprofiler.ipynb #5f678458
-import os, warnings
+import os, sys, warnings
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 import pandas as pd
@@ -18,7 +19,6 @@ from fastcore.meta import delegates
 from fastai.learner import Learner, Recorder as FastaiRecorder
 from fastai.callback.core import Callback
 from fastai.torch_core import find_bs
-from fastai.callback.schedule import LRFinder
 from . import events
 from .recorder import *
 from .report import *
@@ -65,8 +65,9 @@ class FitSession:
         hub:LoggerHub|None=None, # The loggers that get live values and the results
         window:TraceWindow|None=None, # A torch.profiler window over a few train batches
         count:bool=True, # Count each batch's samples, for samples/second
+        pair:tuple=(), # The callbacks that hold this session, to leave idle and detach when the fit ends
     ):
-        self.rec, self.mode, self.note, self.hub, self.count = rec, mode, note, hub, count
+        self.rec, self.mode, self.note, self.hub, self.count, self.pair = rec, mode, note, hub, count, tuple(pair)
         self.trace = None if window is None else TraceObserver(rec, window)
         to = rec if self.trace is None else self.trace  # where the marks go: straight to the recorder, or through the observer
         self.start, self.stop, self.begin_phase, self.end_phase = to.start, to.stop, to.begin_phase, to.end_phase
@@ -81,7 +82,7 @@ class _IdleSession:
     "The null session the callbacks hold between fits: nothing is recorded and every mark does nothing"
     active = count = False
     rec = hub = trace = trace_result = None
-    mode, note = 'none', ''
+    mode, note, pair = 'none', '', ()
     start = stop = begin_phase = end_phase = draw = start_batch = mark = end_batch = cancel = abort = staticmethod(noop)
 
 IDLE = _IdleSession()
@@ -95,6 +96,9 @@ class _ProfilerPair(Callback):
     _session = IDLE
     @property
     def training(self): return self.learn.training
+    def wants_before_draw(self):
+        "Only while recording: otherwise (`validate`, `get_preds`, a loop outside a fit) fastai runs its own loop"
+        return self._session.active
     def __getattr__(self, k):
         if k.startswith(('before_', 'after_')): raise AttributeError(k)  # an event not handled: no detour through `learn` and the model
         return super().__getattr__(k)
@@ -102,6 +106,11 @@ class _ProfilerPair(Callback):
 def _partner(learn, cls):
     "The callback of class `cls` attached to `learn`, or None"
     return next((cb for cb in learn.cbs if isinstance(cb, cls)), None)
+
+def _in_lr_find(learn) -> bool:
+    "Whether `learn` runs fastai's `lr_find` (looked up, not imported: this module doesn't pull in fastai's schedule and progress bar)"
+    sched = sys.modules.get('fastai.callback.schedule')
+    return sched is not None and any(isinstance(cb, sched.LRFinder) for cb in learn.cbs)
 
 # %% ../nbs/08_simpleprofiler.ipynb #4bb194aa
 class SimpleProfilerCallback(_ProfilerPair):
@@ -133,18 +142,18 @@ class SimpleProfilerCallback(_ProfilerPair):
 
     def before_fit(self):
         fix_fastai_wandb()  # fastai 2.8.12's WandbCallback crashes in before_fit with fastcore 2.2 (fastai #4173); no-op otherwise
-        if self._session.active or any(isinstance(cb, LRFinder) for cb in self.learn.cbs) or not events.watch_fit(self.learn, self):
+        if self._session.active or _in_lr_find(self.learn) or not events.watch_fit(self.learn, self):
             self.run = False  # validate/get_preds/lr_find, or a nested call: record nothing, stay attached
             return
         post = _partner(self.learn, SimpleProfilerPostCallback)
         if post is None: raise ValueError('SimpleProfilerCallback needs SimpleProfilerPostCallback: attach both with `learn.profile()`')
-        self._session = post._session = self._open(post.samples_per_second)  # Pre builds the fit's session; Post reads it
+        self._session = post._session = self._open(post)  # Pre builds the fit's session; Post reads it
 
-    def _open(self, count:bool) -> FitSession:
-        "The session of the fit starting now, with the fit's span started"
+    def _open(self, post) -> FitSession:
+        "The session of the fit starting now, held by this pair, with the fit's span started"
         rec, mode, note = make_recorder(self.sync, events.train_device(self.learn), self.warmup, self.keep_raw)
         window = TraceWindow(**{**self._trace, 'path': Path(self.learn.path)/self._trace['path']}) if self._trace else None
-        s = FitSession(rec, mode, note, LoggerHub.create(self.learn, self.logger_callback, self.log_every), window, count)
+        s = FitSession(rec, mode, note, LoggerHub.create(self.learn, self.logger_callback, self.log_every), window, post.samples_per_second, (self, post))
         s.start(Step.FIT)
         return s
 
@@ -273,21 +282,32 @@ def fit_result(learn, session:FitSession, exc:BaseException|None=None) -> Profil
     r.title, r.advice = _title(session, exc, g), _advice(learn, r)
     return r
 
+@contextmanager
+def _keep_warning_memory():
+    "Leave Python's show-once memory of warnings as it was: libraries' `catch_warnings` would otherwise reset it for every module"
+    mutated = getattr(warnings, '_filters_mutated', None)
+    if mutated is None: yield; return  # an interpreter that keeps that memory another way
+    warnings._filters_mutated = noop  # filters changed inside still apply; only the reset of every module's memory is skipped
+    try: yield
+    finally: warnings._filters_mutated = mutated
+
 @patch
 def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     "Called by the fit watch when the fit ends (with `exc` if it raised): take the session, store its result on `learn`, show and save it"
     session = self._release(learn)
     if not session.active: return
-    learn.profile_result = r = fit_result(learn, session, exc)
-    if r.is_main: self._present(learn, r, session.hub)
+    with _keep_warning_memory():
+        learn.profile_result = r = fit_result(learn, session, exc)
+        if r.is_main: self._present(learn, r, session.hub)
 
 @patch
 def _release(self:SimpleProfilerCallback, learn):
-    "Take the fit's session, leave both callbacks idle and remove them from `learn` (the one the fit watch names: `self.learn` may be gone)"
-    session, post = self._session, _partner(learn, SimpleProfilerPostCallback)
-    self._session = IDLE
-    if post is not None: post._session = IDLE
-    learn.remove_cbs([cb for cb in (self, post) if cb is not None and cb in learn.cbs])
+    "Take the fit's session, leave its pair idle and remove it from `learn`, the Learner the fit watch names (`cb.learn` is None after a per-fit `cbs=`)"
+    session = self._session
+    pair = session.pair or (self, _partner(learn, SimpleProfilerPostCallback))  # the session's own pair: a re-armed one stays attached
+    for cb in pair:
+        if cb is not None: cb._session = IDLE
+    learn.remove_cbs([cb for cb in pair if cb is not None and cb in learn.cbs])
     return session
 
 @patch

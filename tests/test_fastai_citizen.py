@@ -1,0 +1,91 @@
+"""The profiler follows fastai's conventions: the pair passed to one fit (`fit(cbs=...)`, `fit_one_cycle(cbs=...)`), a profiler
+re-armed from `after_fit`, function-style `before_draw` listeners, fastai's own loop whenever nothing records, and warnings
+shown as often as without the profiler."""
+import subprocess, sys, textwrap
+import pytest
+from fastai.callback.core import Callback
+from fastai.callback.schedule import *  # noqa: F401,F403  (fit_one_cycle)
+from fastai.learner import Learner
+from fastai.test_utils import synth_learner
+import fastxtend_prof.all  # noqa: F401  (Learner.profile)
+from fastxtend_prof import events
+from fastxtend_prof.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, IDLE
+from conftest import calls
+
+PAIR = (SimpleProfilerCallback, SimpleProfilerPostCallback)
+N_TRN, N_VAL = 4, 2  # batches of 16 in synth_learner
+
+def attached(learn): return [cb for cb in learn.cbs if isinstance(cb, PAIR)]
+
+@pytest.mark.parametrize('how', ['fit', 'fit_one_cycle'])
+def test_pair_passed_to_one_fit_reports_and_leaves(how):
+    learn = synth_learner(n_trn=N_TRN, n_val=N_VAL)
+    pair = [SimpleProfilerCallback(show_report=False), SimpleProfilerPostCallback()]
+    with learn.no_logging(): getattr(learn, how)(1, cbs=pair)
+    assert calls(learn.simple_profile_results, 'train', 'batch') == N_TRN - 1  # the first is the warmup
+    assert attached(learn) == [] and learn not in events._WATCH
+    assert all(cb._session is IDLE for cb in pair)
+
+def test_profiler_rearmed_in_after_fit_reports_every_fit():
+    class Rearm(Callback):
+        def after_fit(self): self.learn.profile(show_report=False)
+    learn = synth_learner(n_trn=N_TRN, n_val=N_VAL, cbs=Rearm()).profile(show_report=False)
+    results = []
+    for _ in range(3):
+        with learn.no_logging(): learn.fit(1)
+        results.append(learn.profile_result)
+        assert len(attached(learn)) == 2  # re-armed for the next fit
+    assert len({id(r) for r in results}) == 3
+    assert all(calls(r.results, 'train', 'batch') == N_TRN - 1 for r in results)
+
+def test_function_style_before_draw_is_called_like_a_subclass():
+    n = []
+    class Counter(Callback):
+        def __init__(self): self.k = 0
+        def before_draw(self): self.k += 1
+    fn, sub = synth_learner(n_trn=N_TRN, n_val=N_VAL, cbs=Callback(before_draw=lambda self: n.append(1))), synth_learner(n_trn=N_TRN, n_val=N_VAL, cbs=Counter())
+    for learn in (fn, sub):
+        with learn.no_logging(): learn.fit(1)
+    assert len(n) == sub.counter.k == (N_TRN + 1) + (N_VAL + 1)  # each batch's draw and the one that finds the loader empty
+
+class EventLog(Callback):
+    "Logs every event fastai dispatches (it implements none, so it never asks for `before_draw`)"
+    def __init__(self): self.log = []
+    def __call__(self, name):
+        self.log.append(name)
+        return super().__call__(name)
+
+@pytest.mark.parametrize('call', ['validate', 'get_preds'])
+def test_attached_but_not_recording_runs_fastais_own_loop(call, monkeypatch):
+    learn = synth_learner(n_trn=N_TRN, n_val=N_VAL, cbs=EventLog()).profile(show_report=False)
+    own = []
+    orig = Learner.__dict__['_fxp_originals']['all_batches']
+    monkeypatch.setitem(Learner.__dict__['_fxp_originals'], 'all_batches', lambda self: own.append(1) or orig(self))
+    getattr(learn, call)()
+    assert own == [1]  # fastai's all_batches ran, not the loop that draws itself
+    assert 'before_draw' not in learn.event_log.log and 'before_batch' in learn.event_log.log
+    assert len(attached(learn)) == 2 and not hasattr(learn, 'simple_profile_results')  # still waiting for the fit
+    with learn.no_logging(): learn.fit(1)
+    assert learn.event_log.log.count('before_draw') == (N_TRN + 1) + (N_VAL + 1)  # a recording fit does get it
+
+WARN_SCRIPT = textwrap.dedent('''
+    import sys
+    from fastai.test_utils import synth_learner
+    from fastai.callback.core import Callback
+    import fastxtend_prof.all
+    class Shadow(Callback):
+        def after_fit(self): self.n_epoch = 0   # fastai warns: "You are shadowing an attribute (n_epoch) that exists in the learner"
+    for _ in range(3):
+        learn = synth_learner(n_trn=4, cbs=Shadow())
+        if sys.argv[1] == 'profiled': learn.profile(show_report=True, plain=True, logger_callback=None)
+        with learn.no_logging(): learn.fit(1)
+''')
+
+def test_a_profiled_fit_shows_fastais_warnings_as_often_as_a_plain_one(tmp_path):
+    "Python shows a warning once per place by default; building the report must not reset that memory"
+    script = tmp_path/'warn.py'
+    script.write_text(WARN_SCRIPT)
+    count = lambda how: subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, check=True,
+                                       cwd=tmp_path).stderr.count('You are shadowing an attribute')
+    plain, profiled = count('plain'), count('profiled')
+    assert plain > 0 and profiled == plain
