@@ -362,7 +362,10 @@ def _fastxtend_options(mode, drop_first_batch, rolling_average, opts:dict) -> di
             if not isinstance(v, bool): raise ValueError(f'`drop_first_batch` must be True or False (fastxtend\'s name for `warmup=1` or `warmup=0`), got {v!r}')
             v = int(v)
         if new in opts and opts[new] != v: raise ValueError(f'`{old}` (fastxtend\'s name for `{new}`) and `{new}` disagree: pass one of them')
-        opts[new] = check_log_every(v) if new == 'log_every' else v
+        if new == 'log_every':
+            try: check_log_every(v)
+            except ValueError as e: raise ValueError(f"`rolling_average` (fastxtend's name for `log_every`): {e}") from None
+        opts[new] = v
     return opts
 
 @patch
