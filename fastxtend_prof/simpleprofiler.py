@@ -9,7 +9,7 @@ __all__ = ['IDLE', 'FitSession', 'SimpleProfilerCallback', 'SimpleProfilerPostCa
            'profile_results', 'fit_result', 'ProfileMode']
 
 # %% ../nbs/08_simpleprofiler.ipynb #5f678458
-import os, sys, warnings
+import os, sys, time, warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -67,8 +67,10 @@ class FitSession:
         window:TraceWindow|None=None, # A torch.profiler window over a few train batches
         count:bool=True, # Count each batch's samples, for samples/second
         pair:tuple=(), # The callbacks that hold this session, to leave idle and detach when the fit ends
+        keep_open:bool=False, # Record every fit until closed (`learn.profiling()`), not only the first
     ):
         self.rec, self.mode, self.note, self.hub, self.count, self.pair = rec, mode, note, hub, count, tuple(pair)
+        self.keep_open, self.fits, self.in_fit = keep_open, 1, True  # in_fit: between a fit's start and its end
         self.trace = None if window is None else TraceObserver(rec, window)
         to = rec if self.trace is None else self.trace  # where the marks go: straight to the recorder, or through the observer
         self.start, self.stop, self.begin_phase, self.end_phase = to.start, to.stop, to.begin_phase, to.end_phase
@@ -83,7 +85,7 @@ class _IdleSession:
     "The null session the callbacks hold between fits: nothing is recorded and every mark does nothing"
     active = count = False
     rec = hub = trace = trace_result = None
-    mode, note, pair = 'none', '', ()
+    mode, note, pair, keep_open, fits, in_fit = 'none', '', (), False, 0, False
     start = stop = begin_phase = end_phase = draw = start_batch = mark = end_batch = cancel = abort = staticmethod(noop)
 
 IDLE = _IdleSession()
@@ -117,6 +119,7 @@ def _in_lr_find(learn) -> bool:
 class SimpleProfilerCallback(_ProfilerPair):
     "Profiles a fit with `SimpleProfilerPostCallback`; `show_report`, `save_csv` to `csv_name` after fit"
     order,remove_on_fetch = -1000,True
+    _until_closed = False  # set by `learn.profiling()`: every fit until the block ends goes into one report
     after_pred = after_loss = after_backward = after_step = _unmarked
     def __init__(self,
         show_report:bool=True, # Display the formatted report after fit
@@ -143,9 +146,13 @@ class SimpleProfilerCallback(_ProfilerPair):
 
     def before_fit(self):
         fix_fastai_wandb()  # fastai 2.8.12's WandbCallback crashes in before_fit with fastcore 2.2 (fastai #4173); no-op otherwise
-        if self._session.active or _in_lr_find(self.learn) or not events.watch_fit(self.learn, self):
-            self.run = False  # validate/get_preds/lr_find, or a nested call: record nothing, stay attached
+        s = self._session
+        if s.in_fit or _in_lr_find(self.learn) or not events.watch_fit(self.learn, self):
+            self.run = False  # validate/get_preds/lr_find, or a call nested in the fit being recorded: record nothing, stay attached
             return
+        if s.active:  # a later fit inside `learn.profiling()`: into the same session and report
+            s.fits, s.in_fit = s.fits + 1, True
+            return s.start(Step.FIT)
         post = _partner(self.learn, SimpleProfilerPostCallback)
         if post is None: raise ValueError('SimpleProfilerCallback needs SimpleProfilerPostCallback: attach both with `learn.profile()`')
         self._session = post._session = self._open(post)  # Pre builds the fit's session; Post reads it
@@ -154,7 +161,8 @@ class SimpleProfilerCallback(_ProfilerPair):
         "The session of the fit starting now, held by this pair, with the fit's span started"
         rec, mode, note = make_recorder(self.sync, events.train_device(self.learn), self.warmup, self.keep_raw)
         window = TraceWindow(**{**self._trace, 'path': Path(self.learn.path)/self._trace['path']}) if self._trace else None
-        s = FitSession(rec, mode, note, LoggerHub.create(self.learn, self.logger_callback, self.log_every), window, post.samples_per_second, (self, post))
+        s = FitSession(rec, mode, note, LoggerHub.create(self.learn, self.logger_callback, self.log_every), window, post.samples_per_second,
+                       (self, post), self._until_closed)
         s.start(Step.FIT)
         return s
 
@@ -263,6 +271,7 @@ def _title(session, exc=None, gathered=None) -> str:
     notes = [f"sync='{session.mode}'" + (f': {session.note}' if session.note else '')] if session.mode != 'none' or session.note else []
     if session.trace_result is not None: notes.append(_trace_note(session.trace_result))
     if exc is not None: notes.append(f'partial: the fit stopped with {type(exc).__name__}')
+    if session.fits > 1: notes.append(f'{session.fits} fits')
     if gathered is not None and gathered.merged is not None: notes.append(gathered.note)
     return 'Simple Profiler report' + (f' ({"; ".join(notes)})' if notes else '')
 
@@ -298,14 +307,35 @@ def _keep_warning_memory():
     try: yield
     finally: warnings._filters_mutated = mutated
 
+_SOON_S = 5.0  # s: a fit that starts this soon after a profiled one most likely belongs to the same call (`fine_tune`)
+
+def _note_unprofiled(r:ProfileResult, ended:float):
+    "At the next fit of the Learner: if it starts soon after the profiled one and is not profiled, say so under the report"
+    def check(learn):
+        if learn.__dict__.get('profile_result') is not r or time.monotonic() - ended > _SOON_S: return
+        if _partner(learn, SimpleProfilerCallback) is not None: return  # this fit is profiled: its own report
+        r.title += '; a later fit ran unprofiled'
+        print('Simple Profiler: this fit is not profiled; the report above covered the previous fit only. To profile several fits '
+              'as one report (such as `fine_tune`\'s frozen and unfrozen fits): `with learn.profiling(): learn.fine_tune(...)`')
+    return check
+
 @patch
 def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
-    "Called by the fit watch when the fit ends (with `exc` if it raised): take the session, store its result on `learn`, show and save it"
+    "Called by the fit watch when the fit ends (with `exc` if it raised): inside `learn.profiling()` wait for the block's end, else report"
+    if exc is None and self._session.keep_open:  # `learn.profiling()`: the report comes when the block ends
+        self._session.in_fit = False
+        return
+    self._report(learn, exc)
+
+@patch
+def _report(self:SimpleProfilerCallback, learn, exc=None):
+    "Take the session, store its result on `learn`, show and save it"
     session = self._release(learn)
     if not session.active: return
     with _keep_warning_memory():
         learn.profile_result = r = fit_result(learn, session, exc)
         if r.is_main: self._present(learn, r, session.hub)
+    if not session.keep_open and r.is_main: events.at_next_fit(learn, _note_unprofiled(r, time.monotonic()))
 
 @patch
 def _release(self:SimpleProfilerCallback, learn):
@@ -383,6 +413,18 @@ def profile(self:Learner,
     pre, post = SimpleProfilerCallback(**kwargs), SimpleProfilerPostCallback(samples_per_second)
     self.remove_cbs([cb for cb in self.cbs if isinstance(cb, (SimpleProfilerCallback, SimpleProfilerPostCallback))])
     return self.add_cbs([pre, post])
+
+# %% ../nbs/08_simpleprofiler.ipynb #8a3296f9
+@patch
+@contextmanager
+@delegates(Learner.profile)
+def profiling(self:Learner, **kwargs):
+    "Profile every fit in the `with` block as one report, such as `fine_tune`'s frozen and unfrozen fits; takes `profile`'s options"
+    self.profile(**kwargs)
+    pre = _partner(self, SimpleProfilerCallback)
+    pre._until_closed = True
+    try: yield self
+    finally: pre._report(self)  # what the block's fits recorded (a fit that raised has reported already)
 
 # %% ../nbs/08_simpleprofiler.ipynb #41601033
 @patch
