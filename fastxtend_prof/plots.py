@@ -9,6 +9,7 @@ __all__ = ['TIMELINE_STEPS', 'TIMELINE_COLS', 'BETWEEN', 'SEGMENTS', 'SEGMENT_CO
            'plot_profile', 'plot_timeline', 'save_plots']
 
 # %% ../nbs/07_plots.ipynb #26f5b98f
+import sys
 from pathlib import Path
 import numpy as np, pandas as pd
 from fastcore.basics import patch
@@ -17,12 +18,24 @@ from .recorder import *
 from .report import format_duration
 
 # %% ../nbs/07_plots.ipynb #eaf7da4f
+def _show_in_notebook(shell=None):
+    "Under IPython, let figures display as PNG as `%matplotlib inline` does, unless a figure format is already set"
+    ip = sys.modules.get('IPython')  # IPython runs only where it was imported already
+    shell = shell or (ip.get_ipython() if ip else None)
+    fmt = getattr(shell, 'display_formatter', None)
+    if fmt is None or 'image/png' not in fmt.active_types: return  # a frontend that shows no images
+    from matplotlib.figure import Figure
+    if any(Figure in f for f in (*fmt.formatters.values(), fmt.ipython_display_formatter)): return  # the user's setup stands
+    from IPython.core.pylabtools import select_figure_formats
+    select_figure_formats(shell, {'png'})
+
 def _new_axes(ax, figsize):
     "`ax`'s figure and `ax`, or a new figure of `figsize` with one axes"
     if ax is not None: return ax.figure, ax
     try: from matplotlib.figure import Figure
     except ImportError as e: raise ImportError('fastxtend_prof plots need matplotlib: pip install matplotlib') from e
     fig = Figure(figsize=figsize, layout='constrained')
+    _show_in_notebook()
     return fig, fig.add_subplot()
 
 def _duration_ticks():

@@ -2,6 +2,7 @@
 import numpy as np, pytest
 from fastai.test_utils import synth_learner
 from fastai.callback.core import Callback, CancelStepException
+from fastai.callback.progress import *  # noqa: F403  (`learn.no_bar()`)
 import fastxtend_prof.simpleprofiler  # noqa: F401  (adds Learner.profile)
 from fastxtend_prof.recorder import Phase
 from fastxtend_prof.plots import timeline_frame, plot_profile, plot_timeline, save_plots, SEGMENTS, BETWEEN
