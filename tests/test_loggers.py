@@ -6,6 +6,7 @@ import numpy as np, pytest
 from fastai.learner import Learner
 from fastai.callback.core import Callback
 from fastai.test_utils import synth_learner
+from fastai.callback.progress import *  # noqa: F401,F403  (learn.no_bar)
 from fastxtend_prof.recorder import Phase, BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, POST_AFTER_BATCH, SAMPLES, FLAGS, NO_STEP
 from fastxtend_prof.report import RESULT_COLS
 from fastxtend_prof.loggers import (KNOWN_LOGGERS, LIVE_KEYS, Logger, LoggerHub, register_logger, check_logger_callback,
