@@ -8,13 +8,14 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/cli.html.md"""
 __all__ = ['DEVICES', 'DigitsDataset', 'digits_dls', 'demo_device', 'digits_cnn', 'demo', 'parser', 'main']
 
 # %% ../nbs/09_cli.ipynb #168568d7
-import argparse, time
+import argparse, sys, time
 import torch
 from torch import nn
 from fastai.basics import *
 from fastai.callback.progress import ProgressCallback
 from fastai.callback.schedule import *
 from .simpleprofiler import *
+from .report import output_path, check_writable
 from .recorder import SYNC_MODES
 
 # %% ../nbs/09_cli.ipynb #d3bd7931
@@ -102,16 +103,27 @@ def parser():
         q.add_argument('--no-progress', action='store_true', help="hide fastai's progress bar")
     return p
 
+def _outputs(a) -> dict:
+    "The files `a` (parsed arguments) asks for, each checked writable: a folder (or a path ending in '/') gets the default name"
+    out = {}
+    for key, opt, default in (('csv', '--csv', 'simple_profile.csv'), ('plot', '--plot', 'simple_profile.png'), ('trace', '--trace', 'profile_trace.json')):
+        v = getattr(a, key)
+        if v: out[key] = str(check_writable(output_path(v, default), opt))
+    return out
+
 def main(argv=None):
     "Entry point of `fastxtend-prof` and `python -m fastxtend_prof`"
     p = parser()
     a = p.parse_args(argv)
     try: demo_device(a.device)  # before anything is built: a machine without CUDA gets one line, exit 2
     except ValueError as e: p.error(str(e))
+    try: out = _outputs(a)  # where each file goes, checked before anything is trained
+    except ValueError as e:
+        print(f'fastxtend-prof: error: {e}', file=sys.stderr)
+        return 2
     torch.set_num_threads(max(1, torch.get_num_threads()))
-    demo(epochs=a.epochs, bs=a.bs, num_workers=a.num_workers, slow_data=a.slow_data, warmup=a.warmup, csv=a.csv,
-         plot=a.plot, sync=a.sync, trace=a.trace, progress=not a.no_progress, device=a.device)
-    if a.csv: print(f'results saved to {a.csv}')
-    if a.plot: print(f'chart saved to {a.plot}')
-    if a.trace: print(f'trace saved to {a.trace} (open it in https://ui.perfetto.dev or chrome://tracing)')
+    learn = demo(epochs=a.epochs, bs=a.bs, num_workers=a.num_workers, slow_data=a.slow_data, warmup=a.warmup, progress=not a.no_progress,
+                 sync=a.sync, device=a.device, **out)  # the report's last line says which files were written
+    trace = getattr(learn, 'profile_trace', None)
+    if a.trace and trace and trace.get('trace_path'): print('open the trace in https://ui.perfetto.dev or chrome://tracing')
     return 0

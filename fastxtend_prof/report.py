@@ -6,7 +6,8 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/report.html.md"""
 
 # %% auto #0
 __all__ = ['RESULT_COLS', 'KEY_COLS', 'JSON_FORMAT', 'results_frame', 'format_duration', 'format_report', 'report_markdown',
-           'report_text', 'show_report', 'atomic_write_text', 'save_results', 'run_metadata', 'save_json', 'load_json']
+           'report_text', 'show_report', 'output_path', 'check_writable', 'atomic_write_text', 'save_results',
+           'run_metadata', 'save_json', 'load_json']
 
 # %% ../nbs/02_report.ipynb #49e1157f
 import math, os, tempfile
@@ -75,6 +76,31 @@ def show_report(report:pd.DataFrame, plain:bool=False, markdown:bool=False, titl
     print(f'{title}\n{report_text(report)}')
 
 # %% ../nbs/02_report.ipynb #1748fcfe
+def _umask() -> int:
+    "The process's umask (read by setting and restoring it: there is no other portable way)"
+    m = os.umask(0o22)
+    os.umask(m)
+    return m
+
+def output_path(path, default_name:str) -> Path:
+    "`path`, or `path/default_name` when `path` names a folder: one that exists, or one written with a trailing separator"
+    s = str(path)
+    p = Path(path)
+    return p/default_name if s.endswith(('/', os.sep)) or p.is_dir() else p
+
+def check_writable(path, what:str='output') -> Path:
+    "`path` if a file can be written there (its folder exists and is writable, or can be created); else ValueError naming `what`"
+    path = Path(path)
+    if path.is_dir(): raise ValueError(f'{what}: {str(path)!r} is a folder, not a file')
+    d = path.parent
+    while not d.exists() and d != d.parent: d = d.parent  # the nearest folder that exists: the rest would be created
+    try:  # try it (permission bits don't tell for root or special file systems such as /proc): leaves nothing behind
+        if path.exists(): open(path, 'a').close()
+        elif not d.is_dir(): raise NotADirectoryError(f'{str(d)!r} is not a folder')
+        else: tempfile.TemporaryFile(dir=d).close()
+    except OSError as e: raise ValueError(f'{what}: cannot write {str(path)!r}: {e.strerror or e}') from None
+    return path
+
 def atomic_write_text(path, text:str):
     "Write `text` to `path` via a temporary file in the same folder and a rename"
     path = Path(path)
@@ -82,6 +108,7 @@ def atomic_write_text(path, text:str):
     fd, tmp = tempfile.mkstemp(prefix=f'.{path.name}.', suffix='.tmp', dir=path.parent)
     try:
         with os.fdopen(fd, 'w', newline='') as f: f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's file is private; give the one a plain open() would
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

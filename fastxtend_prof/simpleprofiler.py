@@ -13,7 +13,6 @@ import os, sys, time, warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
-from pathlib import Path
 import pandas as pd
 from fastcore.basics import store_attr, patch, noop
 from fastcore.meta import delegates
@@ -25,7 +24,7 @@ from .recorder import *
 from .report import *
 from .plots import save_plots, timeline_frame
 from .insight import learner_advice, show_advice
-from .trace import trace_config, TraceWindow, TraceObserver
+from .trace import trace_config, TraceWindow, TraceObserver, TRACE_NAME
 from .distributed import gather_profile, format_merged, straggler_advice
 from .loggers import LoggerHub, check_logger_callback, check_log_every, fix_fastai_wandb
 
@@ -120,6 +119,7 @@ class SimpleProfilerCallback(_ProfilerPair):
     "Profiles a fit with `SimpleProfilerPostCallback`; `show_report`, `save_csv` to `csv_name` after fit"
     order,remove_on_fetch = -1000,True
     _until_closed = False  # set by `learn.profiling()`: every fit until the block ends goes into one report
+    _files = None  # the files to write, settled and checked once (`learn.profile()`, else the first `before_fit`)
     after_pred = after_loss = after_backward = after_step = _unmarked
     def __init__(self,
         show_report:bool=True, # Display the formatted report after fit
@@ -153,6 +153,7 @@ class SimpleProfilerCallback(_ProfilerPair):
         if s.active:  # a later fit inside `learn.profiling()`: into the same session and report
             s.fits, s.in_fit = s.fits + 1, True
             return s.start(Step.FIT)
+        if self._files is None: self.settle_files(self.learn.path)  # a pair attached by hand: checked now, before training
         post = _partner(self.learn, SimpleProfilerPostCallback)
         if post is None: raise ValueError('SimpleProfilerCallback needs SimpleProfilerPostCallback: attach both with `learn.profile()`')
         self._session = post._session = self._open(post)  # Pre builds the fit's session; Post reads it
@@ -160,11 +161,26 @@ class SimpleProfilerCallback(_ProfilerPair):
     def _open(self, post) -> FitSession:
         "The session of the fit starting now, held by this pair, with the fit's span started"
         rec, mode, note = make_recorder(self.sync, events.train_device(self.learn), self.warmup, self.keep_raw)
-        window = TraceWindow(**{**self._trace, 'path': Path(self.learn.path)/self._trace['path']}) if self._trace else None
+        window = TraceWindow(**{**self._trace, 'path': self._files['trace']}) if self._trace else None
         s = FitSession(rec, mode, note, LoggerHub.create(self.learn, self.logger_callback, self.log_every), window, post.samples_per_second,
                        (self, post), self._until_closed)
         s.start(Step.FIT)
         return s
+
+    def outputs(self, path) -> dict:
+        "The files this profile will write, relative to `path` (`learn.path`), by the option that asks for each"
+        at = lambda name, default: output_path(os.path.join(path, name), default)  # join keeps a trailing '/': a folder
+        out = {}
+        if self.save_csv: out['csv_name'] = at(self.csv_name, 'simple_profile.csv')
+        if self.save_json: out['json_name'] = at(self.json_name, 'simple_profile.json')
+        if self.plot or self.plot_name: out['plot_name'] = at(self.plot_name or 'simple_profile.png', 'simple_profile.png')
+        if self._trace: out['trace'] = at(self._trace['path'], TRACE_NAME)
+        return out
+
+    def settle_files(self, path) -> dict:
+        "Settle where each file goes (`outputs`) and check it can be written there, naming the option if not; before training"
+        self._files = {opt: check_writable(p, f'`{opt}`') for opt, p in self.outputs(path).items()}
+        return self._files
 
     def before_epoch(self): self._session.start(Step.EPOCH)
     def before_train(self): self._session.begin_phase(Phase.TRAIN)
@@ -352,21 +368,26 @@ def _present(self:SimpleProfilerCallback, learn, r:ProfileResult, hub=None):
     "Show the report and advice, write the files asked for and send the results to the loggers; the advice and loggers even if a file fails"
     try:
         if self.show_report: show_report(r.report, self.plain, self.markdown, title=r.title)
-        self._save_files(learn, r)
+        saved = self._save_files(learn, r)
+        if r.trace and r.trace.get('trace_path'): saved.append(('trace', r.trace['trace_path']))
+        if self.show_report and saved: print('Saved: ' + '; '.join(f'{what} to {p}' for what, p in saved))
     finally:
         if self.show_report: show_advice(r.advice)
         if hub is not None: hub.after_fit(learn, r.results, r.report)
 
 @patch
 def _save_files(self:SimpleProfilerCallback, learn, r:ProfileResult):
-    "CSV, JSON and chart, as asked; on rank 0 of a distributed fit also the per-rank CSV"
-    path, results = Path(learn.path), r.to_save()
-    if self.save_csv:
-        _write(save_results, results, path/self.csv_name, 'CSV')
+    "CSV, JSON and chart, as asked (on rank 0 of a distributed fit also the per-rank CSV): `[(what, path)]` written"
+    out, results, saved = self._files if self._files is not None else self.outputs(learn.path), r.to_save(), []
+    if 'csv_name' in out:
+        saved.append(('results', _write(save_results, results, out['csv_name'], 'CSV')))
         if r.rank_results is not None:
-            _write(save_results, r.rank_results, (path/self.csv_name).with_name(f'{Path(self.csv_name).stem}_ranks.csv'), 'per-rank CSV')
-    if self.save_json: _write(lambda df, p: save_json(df, p, run_metadata(learn, self.warmup)), results, path/self.json_name, 'JSON')
-    if self.plot or self.plot_name: save_plots(learn, self.plot_name or 'simple_profile.png')
+            ranks = out['csv_name'].with_name(f"{out['csv_name'].stem}_ranks.csv")
+            saved.append(('per-rank results', _write(save_results, r.rank_results, ranks, 'per-rank CSV')))
+    if 'json_name' in out:
+        saved.append(('JSON', _write(lambda df, p: save_json(df, p, run_metadata(learn, self.warmup)), results, out['json_name'], 'JSON')))
+    if 'plot_name' in out: saved.append(('chart', save_plots(learn, out['plot_name'])))
+    return saved
 
 def _write(fn, results, path, what):
     "Write with `fn`, turning an OS error into one that says what could not be written where"
@@ -411,6 +432,7 @@ def profile(self:Learner,
     "Profile the next fit: report where each batch's time went, and advice; `show_report`, `save_csv`, `sync`, `plot`, `trace`"
     kwargs = _fastxtend_options(mode, drop_first_batch, rolling_average, kwargs)
     pre, post = SimpleProfilerCallback(**kwargs), SimpleProfilerPostCallback(samples_per_second)
+    pre.settle_files(self.path)  # now, not after training
     self.remove_cbs([cb for cb in self.cbs if isinstance(cb, (SimpleProfilerCallback, SimpleProfilerPostCallback))])
     return self.add_cbs([pre, post])
 

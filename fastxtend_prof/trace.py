@@ -226,7 +226,9 @@ class TraceWindow:
 
     def _export(self):
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.prof.export_chrome_trace(str(self.path))
+        t0 = time.time()
+        self.prof.export_chrome_trace(str(self.path))  # torch prints, not raises, when it can't write: check the file is new
+        if not self.path.is_file() or self.path.stat().st_mtime < t0 - 1: raise OSError(f'torch.profiler did not write {self.path}')
         return self.path
 
 # %% ../nbs/04_trace.ipynb #bba40d92

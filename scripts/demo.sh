@@ -3,5 +3,5 @@
 # Extra arguments go to the demo, e.g. `bash scripts/demo.sh --epochs 1 --slow-data 0.01`.
 EXTRAS=demo
 source "$(dirname "$0")/_venv.sh"
-cd "$ROOT"
+# Run from the caller's folder: relative paths (--csv, --plot, --trace) land where the user is.
 exec "$VENV/bin/python" -m fastxtend_prof "$@"

@@ -36,3 +36,25 @@ def test_help_lists_every_option(tmp_path):
     assert p.returncode == 0
     for opt in ('--epochs', '--bs', '--num-workers', '--slow-data', '--warmup', '--device', '--sync', '--csv', '--plot', '--trace', '--no-progress'):
         assert opt in p.stdout, opt
+
+@pytest.mark.parametrize('opt,name', [('--csv', 'r.csv'), ('--plot', 'c.png'), ('--trace', 't.json')])
+def test_unwritable_output_exits_2_before_training(tmp_path, opt, name):
+    "A file that can't be written is one line and exit 2, before any training, and never reported as saved"
+    blocker = tmp_path/'not_a_folder'
+    blocker.write_text('')
+    p = run('demo', '--epochs', '1', '--num-workers', '0', '--device', 'cpu', '--no-progress', opt, str(blocker/name), cwd=tmp_path)
+    assert p.returncode == 2, p.stderr[-2000:]
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('fastxtend-prof: error: ' + opt), p.stderr
+    assert 'Simple Profiler report' not in p.stdout and 'saved' not in p.stdout.lower()  # nothing trained, nothing claimed
+
+def test_folder_outputs_and_file_modes_follow_the_umask(tmp_path):
+    "A path ending in '/' is a folder for the default file name; files get the umask's permissions, as open() gives"
+    p = run('demo', '--epochs', '1', '--num-workers', '0', '--device', 'cpu', '--no-progress', '--csv', 'out/', '--plot', 'out/',
+            cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    csv, png = tmp_path/'out'/'simple_profile.csv', tmp_path/'out'/'simple_profile.png'
+    assert csv.is_file() and png.is_file()
+    umask = os.umask(0o22); os.umask(umask)
+    assert {f.stat().st_mode & 0o777 for f in (csv, png)} == {0o666 & ~umask}
+    assert f'results to {csv}' in p.stdout and f'chart to {png}' in p.stdout   # said once, under the report

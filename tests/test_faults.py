@@ -581,14 +581,16 @@ def assert_same_results(back, df):
 @pytest.mark.parametrize('fmt', FORMATS)
 @pytest.mark.parametrize('target', ['is-a-folder', 'parent-is-a-file'])
 def test_unwritable_target(fmt, target, tmp_path, capsys):
-    "The fit trains as without the profiler, the report is shown, then the write error names the target; results intact"
-    name = f'out.{fmt}'
-    if target == 'is-a-folder': (tmp_path/name).mkdir()
-    else: (tmp_path/'blocker').write_text('a file'); name = f'blocker/{name}'
+    "A target that becomes unwritable after `profile()` checked it: the fit trains as without the profiler, the report is shown, then the write error names the target; results intact"
+    name = f'out.{fmt}' if target == 'is-a-folder' else f'blocker/out.{fmt}'
+    def obstruct_then_fit(learn):
+        if target == 'is-a-folder': (tmp_path/name).mkdir()
+        else: (tmp_path/'blocker').write_text('a file')
+        return learn.fit(EPOCHS)
     make = partial(synth, path=tmp_path)
     plain = run(make, fit(), False)
     capsys.readouterr()
-    prof = run(make, fit(), True, show_report=True, plain=True, **save_kw(fmt, name))
+    prof = run(make, obstruct_then_fit, True, show_report=True, plain=True, **save_kw(fmt, name))
     out = capsys.readouterr().out
     assert plain.exc is None and isinstance(prof.exc, OSError), prof.exc
     assert str(tmp_path/name) in str(prof.exc) or str(tmp_path/'blocker') in str(prof.exc), str(prof.exc)
@@ -706,3 +708,14 @@ def test_callback_attached_alone_fails_at_fit_naming_the_partner(target):
     assert other in str(e.value)
     assert all(torch.equal(a, b) for a, b in zip(before, _params(learn)))  # no batch ran
     assert learn not in events._WATCH
+
+
+@pytest.mark.parametrize('fmt', FORMATS)
+def test_unwritable_target_fails_at_profile(fmt, tmp_path):
+    "A target that can't be written when the profile is set up fails there, naming the option; nothing attached, nothing trained"
+    (tmp_path/'blocker').write_text('a file')
+    learn = synth(path=tmp_path)
+    before = list(learn.cbs)
+    opt = 'csv_name' if fmt == 'csv' else 'json_name'
+    with pytest.raises(ValueError, match=opt): learn.profile(**save_kw(fmt, f'blocker/out.{fmt}'))
+    assert list(learn.cbs) == before and sorted(p.name for p in tmp_path.iterdir()) == ['blocker']

@@ -502,8 +502,8 @@ def test_save_csv_round_trip_and_overwrite(tmp_path):
     assert sorted(os.listdir(tmp_path/'sub'/'dir')) == ['p.csv']
 
 def test_save_csv_failure_keeps_results(tmp_path):
-    (tmp_path/'taken.csv').mkdir()  # the target is a folder: the write must fail
     learn = prof(mk(path=tmp_path), save_csv=True, csv_name='taken.csv')
+    (tmp_path/'taken.csv').mkdir()  # the target becomes a folder after profile() checked it: the write must fail
     with pytest.raises(OSError): learn.fit(1)
     check_phase_counts(learn.simple_profile_results, 'train', N_TRN-1, 1)
     assert_removed(learn)
