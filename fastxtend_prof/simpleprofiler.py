@@ -325,13 +325,13 @@ def _keep_warning_memory():
 
 _SOON_S = 5.0  # s: a fit that starts this soon after a profiled one most likely belongs to the same call (`fine_tune`)
 
-def _note_unprofiled(r:ProfileResult, ended:float):
-    "At the next fit of the Learner: if it starts soon after the profiled one and is not profiled, say so under the report"
+def _note_unprofiled(r:ProfileResult, ended:float, say:bool=True):
+    "At the next fit of the Learner: if it starts soon after the profiled one and is not profiled, note it in `r`'s title (and `say` it)"
     def check(learn):
         if learn.__dict__.get('profile_result') is not r or time.monotonic() - ended > _SOON_S: return
         if _partner(learn, SimpleProfilerCallback) is not None: return  # this fit is profiled: its own report
         r.title += '; a later fit ran unprofiled'
-        print('Simple Profiler: this fit is not profiled; the report above covered the previous fit only. To profile several fits '
+        if say: print('Simple Profiler: this fit is not profiled; the report above covered the previous fit only. To profile several fits '
               'as one report (such as `fine_tune`\'s frozen and unfrozen fits): `with learn.profiling(): learn.fine_tune(...)`')
     return check
 
@@ -351,7 +351,7 @@ def _report(self:SimpleProfilerCallback, learn, exc=None):
     with _keep_warning_memory():
         learn.profile_result = r = fit_result(learn, session, exc)
         if r.is_main: self._present(learn, r, session.hub)
-    if not session.keep_open and r.is_main: events.at_next_fit(learn, _note_unprofiled(r, time.monotonic()))
+    if not session.keep_open and r.is_main: events.at_next_fit(learn, _note_unprofiled(r, time.monotonic(), self.show_report))
 
 @patch
 def _release(self:SimpleProfilerCallback, learn):
