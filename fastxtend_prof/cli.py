@@ -8,7 +8,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/cli.html.md"""
 __all__ = ['DEVICES', 'DigitsDataset', 'digits_dls', 'demo_device', 'digits_cnn', 'demo', 'parser', 'main']
 
 # %% ../nbs/09_cli.ipynb #168568d7
-import argparse, sys, time
+import argparse, math, sys, time
 import torch
 from torch import nn
 from fastai.basics import *
@@ -71,36 +71,37 @@ def demo(epochs:int=2, bs:int=64, num_workers:int=2, slow_data:float=0., lr:floa
     return learn
 
 # %% ../nbs/09_cli.ipynb #cf4e40ed
-def _positive_int(s):
-    v = int(s)
-    if v < 1: raise argparse.ArgumentTypeError(f'must be a positive integer, got {s}')
-    return v
-
-def _non_negative(conv):
+def _number(conv, lo:float, what:str):
+    "An argparse type: `conv(s)`, finite and at least `lo`, or one clear message (not argparse's 'invalid <function> value')"
     def f(s):
-        v = conv(s)
-        if v < 0: raise argparse.ArgumentTypeError(f'must be >= 0, got {s}')
+        try: v = conv(s)
+        except ValueError: v = None
+        if v is None or not math.isfinite(v) or v < lo: raise argparse.ArgumentTypeError(f'must be {what}, got {s!r}')
         return v
     return f
+
+_positive_int = _number(int, 1, 'a positive integer')
+def _non_negative(conv): return _number(conv, 0, 'an integer >= 0' if conv is int else 'a number >= 0')
 
 def parser():
     "The `fastxtend-prof` argument parser"
     p = argparse.ArgumentParser(prog='fastxtend-prof', description='Profile a short fastai training run and print where the time went.')
     sub = p.add_subparsers(dest='command')
     d = sub.add_parser('demo', help='profile a small CNN on scikit-learn digits (the default command)')
-    for q in (p, d):
-        q.add_argument('--epochs', type=_positive_int, default=2, help='epochs to train (default: 2)')
-        q.add_argument('--bs', type=_positive_int, default=64, help='batch size (default: 64)')
-        q.add_argument('--num-workers', type=_non_negative(int), default=2, help='DataLoader worker processes (default: 2)')
-        q.add_argument('--slow-data', type=_non_negative(float), default=0., metavar='SECONDS', help='extra loading time per batch, to show a data-bound run (default: 0)')
-        q.add_argument('--warmup', type=_non_negative(int), default=1, help='leading batches per epoch reported apart (default: 1)')
-        q.add_argument('--device', choices=DEVICES, default='auto', help='where to train: auto (a CUDA GPU if there is one), cpu or cuda (default: auto)')
-        q.add_argument('--sync', choices=SYNC_MODES, default='auto', help="how steps are timed on an accelerator (default: auto)")
-        q.add_argument('--csv', metavar='PATH', help='save the numeric results to this CSV file')
-        q.add_argument('--plot', metavar='PATH', help='save the breakdown chart to this PNG file')
-        q.add_argument('--trace', metavar='PATH', nargs='?', const='profile_trace.json',
+    for q in (p, d):  # the subcommand's copies default to nothing, so options given before `demo` stand
+        dflt = (lambda v: dict(default=v)) if q is p else (lambda v: dict(default=argparse.SUPPRESS))
+        q.add_argument('--epochs', type=_positive_int, **dflt(2), help='epochs to train (default: 2)')
+        q.add_argument('--bs', type=_positive_int, **dflt(64), help='batch size (default: 64)')
+        q.add_argument('--num-workers', type=_non_negative(int), **dflt(2), help='DataLoader worker processes (default: 2)')
+        q.add_argument('--slow-data', type=_non_negative(float), **dflt(0.), metavar='SECONDS', help='extra loading time per batch, to show a data-bound run (default: 0)')
+        q.add_argument('--warmup', type=_non_negative(int), **dflt(1), help='leading batches per epoch reported apart (default: 1)')
+        q.add_argument('--device', choices=DEVICES, **dflt('auto'), help='where to train: auto (a CUDA GPU if there is one), cpu or cuda (default: auto)')
+        q.add_argument('--sync', choices=SYNC_MODES, **dflt('auto'), help="how steps are timed on an accelerator (default: auto)")
+        q.add_argument('--csv', metavar='PATH', **dflt(None), help='save the numeric results to this CSV file')
+        q.add_argument('--plot', metavar='PATH', **dflt(None), help='save the breakdown chart to this PNG file')
+        q.add_argument('--trace', metavar='PATH', nargs='?', const='profile_trace.json', **dflt(None),
                        help='run torch.profiler over a few train batches and write a Chrome/Perfetto trace (default: profile_trace.json)')
-        q.add_argument('--no-progress', action='store_true', help="hide fastai's progress bar")
+        q.add_argument('--no-progress', action='store_true', **dflt(False), help="hide fastai's progress bar")
     return p
 
 def _outputs(a) -> dict:

@@ -204,6 +204,10 @@ class LoggerHub:
         if names is None or dist_info()[1] != 0: return None  # only rank 0 logs, as fastai's loggers
         entries = list(KNOWN_LOGGERS.values()) if names == 'auto' else [KNOWN_LOGGERS[n] for n in names]
         found = [(e, cb) for e in entries if (cb := attached_callback(learn, e.cb_name)) is not None]
+        if names != 'auto':  # asked for by name: say once, at the fit's start, when it can't log
+            for e in entries:
+                if all(f[0] is not e for f in found):
+                    warnings.warn(f'logger_callback={e.name!r}: no `{e.cb_name}` callback is attached to the Learner, so nothing is logged to {e.name}')
         return cls([(e, cb, e.factory(cb)) for e, cb in found], log_every) if found else None
 
     @property

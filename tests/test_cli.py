@@ -17,7 +17,8 @@ def test_demo_writes_csv_and_chart(tmp_path):
 
 def test_bad_option_exits_2(tmp_path):
     bad = [['demo', '--epochs', '0'], ['demo', '--sync', 'gpu'], ['demo', '--bs', 'many'], ['demo', '--no-such-option'],
-           ['demo', '--device', 'tpu'], ['--device', 'gpu']]
+           ['demo', '--device', 'tpu'], ['--device', 'gpu'], ['demo', '--slow-data', 'nan'], ['demo', '--slow-data', 'inf'],
+           ['--bs', 'abc', 'demo']]
     for args in bad:
         p = run(*args, cwd=tmp_path)
         assert p.returncode == 2, (args, p.returncode)
@@ -58,3 +59,14 @@ def test_folder_outputs_and_file_modes_follow_the_umask(tmp_path):
     umask = os.umask(0o22); os.umask(umask)
     assert {f.stat().st_mode & 0o777 for f in (csv, png)} == {0o666 & ~umask}
     assert f'results to {csv}' in p.stdout and f'chart to {png}' in p.stdout   # said once, under the report
+
+def test_bad_number_message_names_what_is_allowed(tmp_path):
+    p = run('demo', '--bs', 'abc', cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].endswith("argument --bs: must be a positive integer, got 'abc'"), p.stderr
+
+def test_options_before_the_subcommand_apply(tmp_path):
+    "`fastxtend-prof --epochs 1 ... demo` trains one epoch, as `fastxtend-prof demo --epochs 1 ...` does"
+    p = run('--epochs', '1', '--num-workers', '0', '--device', 'cpu', '--no-progress', '--csv', 'r.csv', 'demo', cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    res = pd.read_csv(tmp_path/'r.csv')
+    assert res[(res.Phase == 'fit') & (res.Step == 'epoch')]['Number of Calls'].item() == 1

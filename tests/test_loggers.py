@@ -7,6 +7,7 @@ from fastai.learner import Learner
 from fastai.callback.core import Callback
 from fastai.test_utils import synth_learner
 from fastai.callback.progress import *  # noqa: F401,F403  (learn.no_bar)
+from fastai.callback.schedule import *  # noqa: F401,F403  (learn.lr_find)
 from fastxtend_prof.recorder import Phase, BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, POST_AFTER_BATCH, SAMPLES, FLAGS, NO_STEP
 from fastxtend_prof.report import RESULT_COLS
 from fastxtend_prof.loggers import (KNOWN_LOGGERS, LIVE_KEYS, Logger, LoggerHub, register_logger, check_logger_callback,
@@ -348,3 +349,9 @@ def test_live_values_with_folded_rows():
         sizes.append(k)
         assert live_values(lean, 3) == live_values(raw, k)
     assert min(sizes) < 3 and max(sizes) == 3  # some windows were cut short by a fold
+
+def test_a_logger_asked_for_by_name_but_not_attached_warns_once():
+    learn = synth_learner(n_trn=4).profile(show_report=False, logger_callback='tensorboard')
+    with pytest.warns(UserWarning, match="logger_callback='tensorboard': no `tensor_board` callback") as ws, learn.no_bar(): learn.fit(1)
+    assert sum('logger_callback=' in str(w.message) for w in ws) == 1
+    assert learn.simple_profile_results is not None  # the profile itself is unaffected
