@@ -1,19 +1,17 @@
-"The README's quick start, run as a plain `python` script in a fresh process: it prints the report with the contract's rows."
+"The README's quick start, read from the README and run as written as a plain `python` script in a fresh process: it prints the report with the contract's rows."
 import subprocess, sys, textwrap, os
+from pathlib import Path
 import pandas as pd
 
-SCRIPT = textwrap.dedent('''
-    import torch
-    from torch import nn
-    from fastai.basics import *
-    from fastai.callback.schedule import *
-    from fastxtend_prof.all import *
+README = Path(__file__).resolve().parent.parent/'README.md'
 
-    x = torch.randn(512, 4); y = (x.sum(1) > 0).long()
-    dls = DataLoaders.from_dsets(list(zip(x[:384], y[:384])), list(zip(x[384:], y[384:])), bs=32, num_workers=0)
-    model = nn.Sequential(nn.Linear(4, 16), nn.ReLU(), nn.Linear(16, 2))
-    learn = Learner(dls, model, loss_func=CrossEntropyLossFlat()).profile()
-    learn.fit_one_cycle(2, 1e-3)        # prints the report after fit
+def quick_start() -> str:
+    "The README's Quick start code block, exactly as written there"
+    text = README.read_text()
+    section = text[text.index('## Quick start'):]
+    return section.split('```python\n', 1)[1].split('```', 1)[0]
+
+SCRIPT = quick_start() + textwrap.dedent('''
     learn.simple_profile_results.to_csv(OUT, index=False)
     print(type(learn.simple_profile_report).__name__)
 ''')
