@@ -122,6 +122,7 @@ def train_device(learn) -> torch.device:
     dls = getattr(learn, 'dls', None)
     dev = getattr(dls, 'device', default_device()) if dls is not None else None
     if dev is None:
-        p = next(iter(getattr(learn, 'model', None).parameters()), None) if getattr(learn, 'model', None) is not None else None
+        model = getattr(learn, 'model', None)
+        p = next(iter(model.parameters()), None) if model is not None else None
         dev = p.device if p is not None else 'cpu'
     return torch.device(dev)
