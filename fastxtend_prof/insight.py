@@ -12,11 +12,11 @@ __all__ = ['SEVERITIES', 'DATA_BOUND_SHARE', 'DATA_BOUND_CRITICAL', 'DATA_BOUND_
            'show_advice', 'learner_advice']
 
 # %% ../nbs/03_insight.ipynb #db59b276
-import math, os, warnings
+import math, os, textwrap, warnings
 from dataclasses import dataclass
 import numpy as np, pandas as pd, torch
 from .recorder import *
-from .report import format_duration, results_frame
+from .report import format_duration, results_frame, text_width
 from .events import train_device
 
 # %% ../nbs/03_insight.ipynb #2e7b40f4
@@ -319,10 +319,16 @@ def advise(results:pd.DataFrame, # `learn.simple_profile_results`
     out += list(extra)
     return sorted(out, key=lambda a: SEVERITIES.index(a.severity))
 
-def show_advice(advice:list, title:str='Advice'):
-    "Print `advice` as a short block, or a line saying no bottleneck was found"
+def _fill(line:str, width:int) -> str:
+    "`line` wrapped to `width`, continuation lines indented under its text (past a leading `-> `)"
+    lead = len(line) - len(line.lstrip())
+    return textwrap.fill(line, width, subsequent_indent=' '*(lead + (3 if line.lstrip().startswith('-> ') else 4)), break_on_hyphens=False)
+
+def show_advice(advice:list, title:str='Advice', width:int|None=None):
+    "Print `advice` as a short block wrapped to `width` (default `text_width()`), or a line saying no bottleneck was found"
     if not advice: return print(f'{title}: no bottleneck found.')
-    print('\n'.join([f'{title}:'] + [str(a) for a in advice]))
+    width = width or text_width()
+    print('\n'.join([f'{title}:'] + [_fill(l, width) for a in advice for l in str(a).splitlines()]))
 
 # %% ../nbs/03_insight.ipynb #93f43d2c
 def learner_advice(learn, # A Learner after a profiled fit

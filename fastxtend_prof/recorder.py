@@ -8,9 +8,10 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/recorder.html.md"""
 __all__ = ['BEFORE_DRAW', 'BEFORE_BATCH', 'AFTER_PRED', 'AFTER_LOSS', 'BEFORE_BACKWARD', 'BEFORE_STEP', 'AFTER_STEP',
            'PRE_AFTER_BATCH', 'POST_AFTER_BATCH', 'NEXT_DRAW', 'SAMPLES', 'FLAGS', 'N_SLOTS', 'NO_BACKWARD', 'NO_STEP',
            'NO_ZERO_GRAD', 'TRACED', 'TRAIN_STEPS', 'VALID_STEPS', 'SUB_STEPS', 'TOP_STEPS', 'APART', 'SPANS',
-           'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step', 'BatchTable', 'SyncClock', 'is_set',
-           'TimingRecorder', 'FakeClock', 'traced_rows', 'phase_intervals', 'stats', 'StepSummary', 'fold',
-           'empty_runs', 'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder']
+           'LOOP_STEPS', 'THROUGHPUT_STEPS', 'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step',
+           'BatchTable', 'SyncClock', 'is_set', 'TimingRecorder', 'FakeClock', 'traced_rows', 'phase_intervals',
+           'stats', 'StepSummary', 'fold', 'empty_runs', 'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder',
+           'device_view', 'make_recorder']
 
 # %% ../nbs/00_recorder.ipynb #23875a1a
 import math, time
@@ -27,7 +28,7 @@ class Phase(str, Enum):
 
 class Step(str, Enum):
     "Every row name a profile can hold"
-    FIT='fit'; EPOCH='epoch'; TRAIN='train'; VALID='valid'
+    FIT='fit'; EPOCH='epoch'; TRAIN='train'; VALID='valid'; LOOP='loop'; ITERATION='iteration'
     DRAW='draw'; BATCH='batch'; OTHER='other'; WARMUP='warmup'; TRACE='trace'
     FORWARD='forward'; PREDICT='predict'; LOSS='loss'; BACKWARD='backward'; OPT_STEP='opt_step'; ZERO_GRAD='zero_grad'
     def __str__(self): return self.value
@@ -47,6 +48,8 @@ SUB_STEPS = {Step.FORWARD: (BEFORE_BATCH, AFTER_PRED, 0), Step.PREDICT: (BEFORE_
 TOP_STEPS = (Step.DRAW, Step.BATCH, Step.OTHER, Step.WARMUP, Step.TRACE)
 APART = (Step.WARMUP, Step.TRACE)  # rows that hold whole batches kept out of the per-step statistics
 SPANS = (Step.FIT, Step.EPOCH, Step.TRAIN, Step.VALID)
+LOOP_STEPS = (Step.ITERATION,)  # a whole turn of the loop: a summary of the phase's rows, not one of its parts
+THROUGHPUT_STEPS = SPANS + (Step.ITERATION, Step.DRAW, Step.BATCH)  # the rows whose samples/second mean something
 
 # %% ../nbs/00_recorder.ipynb #d61fba80
 class BatchTable:
@@ -95,7 +98,7 @@ class TimingRecorder:
         chunk:int=4096, # Rows buffered before folding when `keep_raw=False`
     ):
         self.warmup, self.clock, self.keep_raw, self.chunk = warmup, clock, keep_raw, chunk
-        self.tables = {Phase.TRAIN: BatchTable(TRAIN_STEPS), Phase.VALID: BatchTable(VALID_STEPS)}
+        self.tables = {Phase.TRAIN: BatchTable(LOOP_STEPS + TRAIN_STEPS), Phase.VALID: BatchTable(LOOP_STEPS + VALID_STEPS)}
         self.spans = {s: array('d') for s in SPANS}
         self._open = {}  # span -> start time
         self._table, self._phase = None, None
@@ -243,6 +246,7 @@ def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS, apart:bool=
             if s is Step.DRAW: d = m[:, BEFORE_BATCH] - m[:, BEFORE_DRAW]
             elif s is Step.BATCH: d = m[:, POST_AFTER_BATCH] - m[:, BEFORE_BATCH]
             elif s is Step.OTHER: d = m[:, NEXT_DRAW] - m[:, POST_AFTER_BATCH]; d += lead
+            elif s is Step.ITERATION: d = m[:, NEXT_DRAW] - m[:, BEFORE_DRAW]; d += lead  # draw + batch + other
             else:
                 a, b, flag = SUB_STEPS[s]
                 d = m[:, b] - m[:, a]
@@ -364,6 +368,10 @@ def _phase_stats(table:BatchTable, warmup:int, keep_raw:bool, samples_per_second
         for v in st.values(): v['Samples/Second'] = _NAN
     return st, getattr(table, 'samples', 0.) if samples_per_second else _NAN
 
+def _action(step:Step) -> Step:
+    "The row a step belongs to: `batch` for its sub-steps, `loop` for the whole iteration, else the step itself"
+    return Step.BATCH if step in SUB_STEPS else Step.LOOP if step in LOOP_STEPS else step
+
 def summarize(rec:TimingRecorder, samples_per_second:bool=True) -> list:
     "Rows `(phase, action, step, stats)` of the profile recorded by `rec`"
     ph = {p: _phase_stats(rec.tables[p], rec.warmup, rec.keep_raw, samples_per_second) for p in (Phase.TRAIN, Phase.VALID)}
@@ -380,7 +388,8 @@ def summarize(rec:TimingRecorder, samples_per_second:bool=True) -> list:
         if rec.tables[phase].n == 0: continue
         for step, st in ph[phase][0].items():
             if step is Step.TRACE and not st['Number of Calls']: continue  # no trace window: no row
-            rows.append(_row(phase, Step.BATCH if step in SUB_STEPS else step, step, st, fit_total))
+            if step not in THROUGHPUT_STEPS: st['Samples/Second'] = _NAN  # a sub-step's "samples/s" answers no question
+            rows.append(_row(phase, _action(step), step, st, fit_total))
     return rows
 
 # %% ../nbs/00_recorder.ipynb #4c96d353
@@ -445,7 +454,7 @@ class EventRecorder(TimingRecorder):
         super().__init__(warmup=warmup, clock=clock, keep_raw=keep_raw, chunk=chunk)
         self.timer, self.resolve_every, self._record = timer, resolve_every, timer.record
         self._bind, self._release = getattr(timer, 'bind', None), getattr(timer, 'release', None)  # optional in the interface
-        self.device = {Phase.TRAIN: BatchTable(TRAIN_STEPS), Phase.VALID: BatchTable(VALID_STEPS)}
+        self.device = {Phase.TRAIN: BatchTable(LOOP_STEPS + TRAIN_STEPS), Phase.VALID: BatchTable(LOOP_STEPS + VALID_STEPS)}
         self.device_spans = {s: array('d') for s in SPANS}
         self._ev, self._draw_ev, self._end_ev, self._origin = [None]*N_SLOTS, None, None, None
         self._pending, self._span_ev, self._run_ev = [], {}, None

@@ -248,8 +248,8 @@ class ProfileResult:
         return self.results if self.merged_results is None else self.merged_results
 
 def fastxtend_layout(results:pd.DataFrame) -> pd.DataFrame:
-    "`results` laid out as fastxtend 0.1.7's `learn.profile_results`: the step's name in `Action`, no `Step` column"
-    return results.assign(Action=results.Step).drop(columns='Step')
+    "`results` laid out as fastxtend 0.1.7's `learn.profile_results`: the step's name in `Action` (`iteration` as its `step`), no `Step` column"
+    return results.assign(Action=results.Step.replace({'iteration': 'step'})).drop(columns='Step')
 
 _VIEWS = dict(simple_profile_results='results', simple_profile_report='report', simple_profile_recorder='recorder',
               simple_profile_sync='sync', profile_advice='advice', profile_trace='trace',

@@ -285,7 +285,7 @@ def check_tb_run(learn, log_dir, log_every=5):
     assert set(steps) <= {e.step for e in ea.Scalars('train_loss')}
     (text,) = ea.Tensors('simple_profile_report/text_summary')
     md = text.tensor_proto.string_val[0].decode()
-    assert 'Simple Profiler report' in md and '| train | draw |' in md and 'forward' in md
+    assert 'Simple Profiler report' in md and '| train | loop | iteration |' in md and '|  | draw |' in md and 'forward' in md
 
 
 def test_tensorboard_scalars_and_text(tmp_path):

@@ -35,3 +35,22 @@ def test_plots_display_as_images(tmp_path, monkeypatch):
         kinds = [(o.output_type, sorted(o.get('data', {}))) for o in cell.outputs]
         pngs = [o for o in cell.outputs if 'image/png' in o.get('data', {})]
         assert len(pngs) == 1, f'{name} cell {src!r}: expected one image/png output, got outputs {kinds}'
+
+REPORT_CELLS = {'styled': 'learn.profile()\nwith learn.no_bar(), learn.no_logging(): learn.fit(1)',
+                'markdown': 'learn.profile(markdown=True)\nwith learn.no_bar(), learn.no_logging(): learn.fit(1)',
+                'value': 'learn.simple_profile_report'}
+
+def test_report_displays_in_a_notebook(tmp_path, monkeypatch):
+    "The report renders (a table, or markdown when asked), and its text form is the plain-text report, never a Styler's repr"
+    monkeypatch.setenv('IPYTHONDIR', str(tmp_path/'ipython'))
+    cells = [nbformat.v4.new_code_cell(SETUP)] + [nbformat.v4.new_code_cell(s) for s in REPORT_CELLS.values()]
+    nb = nbformat.v4.new_notebook(cells=cells)
+    NotebookClient(nb, km=_kernel(tmp_path), timeout=300, resources={'metadata': {'path': str(tmp_path)}}).execute()
+    outs = {name: [o for o in cell.outputs if o.get('data')] for name, cell in zip(REPORT_CELLS, nb.cells[1:])}
+    (styled,), (md,), (value,) = outs['styled'], outs['markdown'], outs['value']
+    assert '<h4>Simple Profiler report</h4>' in styled.data['text/html'] and '<table' in styled.data['text/html']
+    text = styled.data['text/plain']
+    assert text.startswith('Simple Profiler report\nPhase') and 'Styler' not in text and '...' not in text
+    assert 'forward' in text and 'iteration' in text
+    assert md.data['text/markdown'].startswith('**Simple Profiler report**\n\n| Phase | Action | Step |')
+    assert '<table' in value.data['text/html'] and value.data['text/plain'].startswith('Phase')
