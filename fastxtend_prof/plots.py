@@ -98,22 +98,36 @@ def _segments(times:dict, phase) -> dict:
     out[BETWEEN] = np.clip(rest, 0, None)  # float noise of a difference of equal sums
     return {s: out[s] for s in segs}
 
+def _legend_note(ax, legend, sep:str, x:float=0., ha:str='left'):
+    "Write under `legend` what `between steps` and `other` hold, `sep` between each one's name and examples"
+    note = (f"{BETWEEN}: a batch's time outside its steps:{sep}callbacks' after_batch work, the loop's own code\n"
+            f"other: from a batch's end to the next draw:{sep}Recorder, progress bar, loggers")
+    return ax.annotate(note, (x, 0), xycoords=legend, xytext=(0, -2), textcoords='offset points', ha=ha, va='top',
+                       fontsize=7, color='#404040', gid='note')
+
 # %% ../nbs/07_plots.ipynb #24fc1916
 def _phase_times(results, phase):
     rows = results[results.Phase == str(phase)]
     return dict(zip(rows.Step, rows['Total Time'].astype(float)))
 
+def _keep_fitting(fig, labelled, pad:float=2.):
+    "Remove each label of `labelled` (`(patch, text)` pairs) wider than its patch less `pad` points a side, as `fig` draws them"
+    fig.canvas.figure.draw_without_rendering()  # lays the whole figure out, so the extents are the drawn ones
+    room = 2*pad*fig.canvas.figure.dpi/72
+    for patch, text in labelled:
+        if text.get_window_extent().width + room > patch.get_window_extent().width: text.remove()
+
 def plot_profile(results:pd.DataFrame, # `learn.simple_profile_results`
                  ax=None, # A matplotlib axes to draw on; a new figure when None
                  fname:str|Path|None=None, # Save the figure to this file (PNG unless its suffix says otherwise)
                 ):
-    "Horizontal stacked bars of the train and valid phases' time by step from `results`; saved to `fname` if given"
+    "Horizontal stacked bars of the train and valid phases' time by step from `results`, each segment labelled with its percent if it fits; saved to `fname`"
     phases = [p for p in (Phase.TRAIN, Phase.VALID) if (results.Phase == str(p)).any()]
     if not phases: raise ValueError(f"`results` holds no train or valid rows to plot (Phase values: {sorted(set(results.Phase))})")
     segs = {p: _segments(_phase_times(results, p), p) for p in phases}
     totals = {p: float(sum(segs[p].values())) for p in phases}
     fig, ax = _new_axes(ax, (9, 1.9 + 0.7*len(phases)))
-    widest = max(max(totals.values()), 1e-12)
+    widest, labelled = max(max(totals.values()), 1e-12), []
     for y, p in enumerate(phases):
         left = 0.
         for s, w in segs[p].items():
@@ -122,7 +136,7 @@ def plot_profile(results:pd.DataFrame, # `learn.simple_profile_results`
                         edgecolor='white', linewidth=0.5)
             c.patches[0].set_gid(f'{p}:{s}')
             pct = 100*w/totals[p] if totals[p] > 0 else 0.
-            ax.bar_label(c, labels=[f'{pct:.0f}%' if w/widest >= 0.045 else ''], label_type='center', fontsize=8)
+            labelled += [(c.patches[0], t) for t in ax.bar_label(c, labels=[f'{pct:.0f}%'], label_type='center', fontsize=8, gid=f'{p}:{s}')]
             left += w
         ax.text(left, y, f'  {format_duration(totals[p])}', va='center', ha='left', fontsize=9)
     ax.set_yticks(range(len(phases)), [str(p) for p in phases])
@@ -134,8 +148,10 @@ def plot_profile(results:pd.DataFrame, # `learn.simple_profile_results`
     handles = {c.get_label(): c for c in ax.containers}
     if 'forward' in handles and 'predict' in handles:  # one colour, one legend entry
         handles = {('forward / predict' if k == 'forward' else k): v for k, v in handles.items() if k != 'predict'}
-    ax.legend(handles.values(), handles.keys(), loc='upper center', bbox_to_anchor=(0.5, -0.5 if len(phases) == 1 else -0.3),
-              ncol=5, fontsize=8, frameon=False)
+    legend = ax.legend(handles.values(), handles.keys(), loc='upper center', bbox_to_anchor=(0.5, -0.5 if len(phases) == 1 else -0.3),
+                       ncol=5, fontsize=8, frameon=False)
+    _legend_note(ax, legend, ' ', x=0.5, ha='center')
+    _keep_fitting(fig, labelled)
     if fname is not None: _save(fig, fname)
     return fig
 
@@ -145,7 +161,7 @@ def plot_timeline(rec:TimingRecorder, # The recorder of a profiled fit: `learn.s
                   fname:str|Path|None=None, # Save the figure to this file (PNG unless its suffix says otherwise)
                   phase:str='train', # Which loop's batches to draw: 'train' or 'valid'
                  ):
-    "Per-batch step times of `phase` over the run recorded by `rec`, stacked by step, warmup and traced batches hatched; saved to `fname`"
+    "Per-batch step times of `phase` over the run recorded by `rec`, stacked by step (`between steps`: callbacks and loop code between a batch's steps), warmup and traced batches hatched; saved to `fname`"
     if str(phase) not in ('train', 'valid'): raise ValueError(f"`phase` must be 'train' or 'valid', got {phase!r}")
     tb = _times(rec).tables[Phase(str(phase))]
     if tb.offset: raise ValueError(f'the timeline needs every batch, but {tb.offset} of the {tb.n} {phase} batches were folded into '
@@ -163,9 +179,9 @@ def plot_timeline(rec:TimingRecorder, # The recorder of a profiled fit: `learn.s
         bottom = bottom + v
     steady, total = ~(tl.warmup | tl.trace).to_numpy(), tl.total.to_numpy()
     for kind, label in (('warmup', 'warmup'), ('trace', 'trace window')):
-        for k, (_, rows) in enumerate(tl[tl[kind]].groupby('epoch').groups.items()):  # one hatched span per loop, full height
-            ax.add_patch(Rectangle((rows.min(), 0), rows.max()+1-rows.min(), 1, transform=ax.get_xaxis_transform(), facecolor='none',
-                                   hatch=HATCHES[kind]*2, edgecolor='#404040', linewidth=0, label=label if k == 0 else None, gid=kind))
+        for k, i in enumerate(np.flatnonzero(tl[kind].to_numpy())):  # over the batch's own bar, which shows through
+            ax.add_patch(Rectangle((i, 0), 1, total[i], facecolor='none', hatch=HATCHES[kind]*2, edgecolor=(0, 0, 0, 0.4), linewidth=0,
+                                   label=label if k == 0 else None, gid=kind))
     top = total.max()
     if steady.any() and top > 1.3*total[steady].max():
         top = 1.3*total[steady].max()
@@ -181,7 +197,7 @@ def plot_timeline(rec:TimingRecorder, # The recorder of a profiled fit: `learn.s
     ax.set_xlabel(f'{phase} batch, over the run (dashed lines: a new epoch)')
     ax.set_ylabel('time per batch')
     ax.set_title(f'Every {phase} batch, by step')
-    ax.legend(loc='upper left', bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False)
+    _legend_note(ax, ax.legend(loc='upper left', bbox_to_anchor=(1.01, 1), fontsize=8, frameon=False), '\n    ')
     if fname is not None: _save(fig, fname)
     return fig
 
@@ -204,7 +220,7 @@ def plot_profile_timeline(self:Learner,
     fname:str|Path|None=None, # Save the figure to this file (PNG unless its suffix says otherwise)
     phase:str='train', # Which loop's batches to draw: 'train' or 'valid'
 ):
-    "Per-batch step times of the last profiled fit's `phase` loop, warmup hatched; saved to `fname` if given"
+    "Per-batch step times of the last profiled fit's `phase` loop (`between steps`: callbacks and loop code between a batch's steps), warmup hatched; saved to `fname`"
     return plot_timeline(_profiled(self, 'plot_profile_timeline')[1], fname=fname, phase=phase)
 
 # %% ../nbs/07_plots.ipynb #606f382b

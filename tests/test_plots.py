@@ -1,4 +1,5 @@
 """Plots: the breakdown bars and the per-batch timeline drawn from a real profiled fit, checked through the artists' data."""
+import time
 import numpy as np, pytest
 from fastai.test_utils import synth_learner
 from fastai.callback.core import Callback, CancelStepException
@@ -42,10 +43,12 @@ def test_breakdown_bars_are_the_results(learn):
     # segments follow each other without gaps or overlaps
     train = [p for p in ax.patches if (p.get_gid() or '').startswith('train:')]
     assert all(a.get_x() + a.get_width() == pytest.approx(b.get_x(), abs=1e-15) for a, b in zip(train, train[1:]))
-    # percentage labels: of the phase, on the segments wide enough to hold one
+    # percentage labels: of the phase, each inside its own segment as drawn
     texts = {x.get_text() for x in ax.texts}
-    warm_pct = 100*t[('valid', 'warmup')]/t[('fit', 'valid')]
-    if w['valid:warmup'] >= 0.045*max(t[('fit', 'train')], t[('fit', 'valid')]): assert f'{warm_pct:.0f}%' in texts
+    fig.draw_without_rendering()
+    patches = {p.get_gid(): p.get_window_extent() for p in ax.patches if p.get_gid()}
+    labels = [(patches[x.get_gid()], x.get_window_extent()) for x in ax.texts if x.get_gid() in patches]
+    assert labels and all(seg.x0 < lab.x0 and lab.x1 < seg.x1 for seg, lab in labels)
     big = max((s for s in SEGMENTS[Phase.TRAIN]), key=lambda s: w[f'train:{s}'])
     assert f"{100*w[f'train:{big}']/t[('fit', 'train')]:.0f}%" in texts
     legend = [x.get_text() for x in ax.get_legend().get_texts()]
@@ -70,6 +73,9 @@ def test_timeline_series_are_the_batches(learn):
     np.testing.assert_allclose(bottom, train.total, atol=1e-12)  # the stack tops out at each batch's time
     warm = [(p.get_x(), p.get_x() + p.get_width()) for p in ax.patches if p.get_gid() == 'warmup']
     assert warm == [(0, 1), (N_TRAIN, N_TRAIN + 1)]
+    # the hatch sits on its batch's bar, as tall as it, and lets the bar's colours through
+    assert [(p.get_y(), p.get_height()) for p in ax.patches if p.get_gid() == 'warmup'] == [(0, train.total[0]), (0, train.total[N_TRAIN])]
+    assert all(p.get_facecolor()[3] == 0 for p in ax.patches if p.get_gid() == 'warmup')
     assert [l.get_xdata()[0] for l in ax.lines if l.get_gid() == 'epoch'] == [N_TRAIN]
     assert 'warmup' in [x.get_text() for x in ax.get_legend().get_texts()]
 
@@ -78,11 +84,36 @@ def test_warmup_two_and_valid_timeline():
     tl = timeline_frame(learn.simple_profile_recorder)
     assert tl[tl.phase == 'train'].warmup.tolist() == ([True]*2 + [False]*(N_TRAIN-2))*EPOCHS
     ax = plot_timeline(learn.simple_profile_recorder).axes[0]
-    assert [(p.get_x(), p.get_width()) for p in ax.patches if p.get_gid() == 'warmup'] == [(0, 2), (N_TRAIN, 2)]
+    assert [(p.get_x(), p.get_width()) for p in ax.patches if p.get_gid() == 'warmup'] == [(i, 1) for i in (0, 1, N_TRAIN, N_TRAIN + 1)]
     valid = plot_timeline(learn.simple_profile_recorder, phase='valid').axes[0]
     series = [a for a in valid.patches if isinstance(a, StepPatch)]
     assert [a.get_gid() for a in series] == [s for s in SEGMENTS[Phase.VALID] if s != 'warmup']
     assert all(len(a.get_data().values) == EPOCHS*N_VALID for a in series)
+    # with warmup=2 every valid batch is warmup: each hatch is exactly its bar, not the axes' height
+    total = tl[tl.phase == 'valid'].total.to_numpy()
+    hatches = [(p.get_x(), p.get_y(), p.get_height()) for p in valid.patches if p.get_gid() == 'warmup']
+    assert hatches == [(i, 0, total[i]) for i in range(EPOCHS*N_VALID)]
+    np.testing.assert_allclose([h for *_, h in hatches], series[-1].get_data().values, atol=1e-12)
+
+class Nap(Callback):
+    "A callback that sleeps 5 ms in `after_batch`, ordered before or after fastai's Recorder"
+    def __init__(self, order): self.order = order
+    def after_batch(self): time.sleep(0.005)
+
+@pytest.mark.parametrize('order,where', [(0, BETWEEN), (100, 'other')])
+def test_after_batch_work_is_between_steps_or_other(order, where):
+    "What the legend's note says: callbacks' after_batch work before the Recorder is `between steps`, after it `other`"
+    learn = profiled(cbs=[Nap(order)])
+    for phase in ('train', 'valid'):
+        tl = timeline_frame(learn.simple_profile_recorder)
+        steady = ~tl[tl.phase == phase].warmup.to_numpy()
+        ax = plot_timeline(learn.simple_profile_recorder, phase=phase).axes[0]
+        seg = {a.get_gid(): a.get_data().values - a.get_data().baseline for a in ax.patches if isinstance(a, StepPatch)}
+        assert (seg[where][steady] >= 0.005).all(), (phase, where, seg[where])
+        other = 'other' if where == BETWEEN else BETWEEN
+        assert np.median(seg[other][steady]) < 0.0025, (phase, other, seg[other])  # a median: a busy machine stalls the odd batch
+    note = next(x.get_text() for x in ax.texts if x.get_gid() == 'note')
+    assert note.startswith(f"{BETWEEN}: a batch's time outside its steps") and "after_batch" in note
 
 class SkipOddSteps(Callback):
     "Gradient accumulation's effect on the loop: the optimizer step of every other batch is cancelled"
