@@ -1,17 +1,39 @@
-# Sourced by the scripts: make (or reuse) the virtual environment $VENV and install the project with extras "$EXTRAS".
+# Sourced by the scripts: make (or reuse) the virtual environment $VENV (default: .venv in the checkout) and install the
+# project with extras "$EXTRAS".
 # torch is pinned first ($TORCH_SPEC, default the CPU build this project is tested on) so pip never pulls a 5 GB CUDA
 # build just to satisfy fastai's "torch>=..." requirement.
+# pip runs only when the install is missing or out of date: a stamp in $VENV records what the last successful install
+# depended on. The package is installed editable, so code changes need no reinstall.
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${VENV:-$ROOT/.venv}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.13.0}"
 PY="${PYTHON:-python3}"
+STAMP="$VENV/.fastxtend_prof-install-$EXTRAS"
 quiet_pip() { "$VENV/bin/python" -m pip -q "$@" 2> >(grep -v 'is ignored: it is neither a file nor a directory' >&2); }
-if [ ! -x "$VENV/bin/python" ]; then
-  echo "creating virtual environment in $VENV"
-  "$PY" -m venv "$VENV"
-fi
-if ! "$VENV/bin/python" -c 'import torch' 2>/dev/null; then quiet_pip install "$TORCH_SPEC"; fi
-# Keep that torch: without the constraint, pip may upgrade it to satisfy a newer torchvision that fastai pulls in.
-echo "$TORCH_SPEC" > "$VENV/torch-constraint.txt"
-quiet_pip install -c "$VENV/torch-constraint.txt" -e "$ROOT[$EXTRAS]"
+# What an install depends on: this checkout, the extras, the torch spec, the Python version, the project's metadata and
+# version; and where the package imports from (-I: not from the current folder), which fails if it does not import.
+install_stamp() {
+  "$VENV/bin/python" -I -c '
+import hashlib, sys, fastxtend_prof
+root = sys.argv[1]
+print(*sys.argv[1:], sys.version.split()[0], fastxtend_prof.__file__, sep="\n")
+for f in ("pyproject.toml", "fastxtend_prof/__init__.py"): print(f, hashlib.sha256(open(f"{root}/{f}", "rb").read()).hexdigest())
+' "$ROOT" "$EXTRAS" "$TORCH_SPEC" 2>/dev/null
+}
+up_to_date() { [ -s "$STAMP" ] && [ -x "$VENV/bin/python" ] && [ "$(install_stamp)" = "$(cat "$STAMP")" ]; }
+install_project() {
+  if [ ! -x "$VENV/bin/python" ]; then
+    echo "creating virtual environment in $VENV"
+    "$PY" -m venv "$VENV"
+  fi
+  rm -f "$STAMP"
+  # Looked up, not imported: importing torch costs seconds.
+  if ! "$VENV/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)'; then quiet_pip install "$TORCH_SPEC"; fi
+  # Keep that torch: without the constraint, pip may upgrade it to satisfy a newer torchvision that fastai pulls in.
+  echo "$TORCH_SPEC" > "$VENV/torch-constraint.txt"
+  quiet_pip install -c "$VENV/torch-constraint.txt" -e "$ROOT[$EXTRAS]"
+  "$VENV/bin/python" -I -c 'import fastxtend_prof'  # a broken install fails here, with its error, and writes no stamp
+  install_stamp > "$STAMP"
+}
+if ! up_to_date; then install_project; fi

@@ -1,5 +1,5 @@
 "The command line, end to end in a subprocess: files written, exit codes."
-import os, subprocess, sys
+import os, re, subprocess, sys
 import pandas as pd, pytest, torch
 
 def run(*args, cwd):
@@ -70,3 +70,19 @@ def test_options_before_the_subcommand_apply(tmp_path):
     assert p.returncode == 0, p.stderr[-3000:]
     res = pd.read_csv(tmp_path/'r.csv')
     assert res[(res.Phase == 'fit') & (res.Step == 'epoch')]['Number of Calls'].item() == 1
+
+def test_no_progress_prints_one_readable_line_per_epoch(tmp_path):
+    "`--no-progress` prints each epoch as named, rounded values, never fastai's raw recorder list"
+    p = run('demo', '--epochs', '2', '--num-workers', '0', '--device', 'cpu', '--no-progress', cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    lines = p.stdout.splitlines()
+    assert not [l for l in lines if re.match(r'\[\d+, ', l)], p.stdout   # fastai's raw list; the advice's '[warning]' lines may start with '['
+    epochs = [l for l in lines if l.startswith('epoch ')]
+    assert [l.split()[1] for l in epochs] == ['1/2', '2/2'], p.stdout
+    num = r'\d+\.?\d*(e-\d+)?'
+    for l in epochs: assert re.fullmatch(rf'epoch \d/2  train_loss {num}  valid_loss {num}  accuracy {num}  time \d\d:\d\d', l), l
+    assert lines.index(epochs[-1]) < next(i for i, l in enumerate(lines) if 'Simple Profiler report' in l)  # epochs, then the report
+
+def test_help_says_what_no_progress_prints(tmp_path):
+    p = run('demo', '--help', cwd=tmp_path)
+    assert 'one line per epoch' in ' '.join(p.stdout.split()), p.stdout

@@ -1,0 +1,40 @@
+"scripts/_venv.sh runs pip only when something the install depends on changed. A stand-in pip logs its calls instead of installing."
+import os, subprocess, sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+def fake_venv(tmp_path):
+    "A `$VENV` whose python is this test's python, except `python -m pip`, which only appends its arguments to pip.log"
+    py = tmp_path/'venv'/'bin'/'python'
+    py.parent.mkdir(parents=True)
+    py.write_text(f'#!/usr/bin/env bash\nif [ "$1 $2" = "-m pip" ]; then echo "$*" >> {tmp_path}/pip.log; exit 0; fi\nexec {sys.executable} "$@"\n')
+    py.chmod(0o755)
+    return py.parent.parent
+
+def set_up(venv, extras='demo', **env):
+    "Source _venv.sh as scripts/demo.sh does; the pip calls it made"
+    log = venv.parent/'pip.log'
+    log.unlink(missing_ok=True)
+    p = subprocess.run(['bash', '-c', f'EXTRAS={extras}; source "{ROOT}/scripts/_venv.sh"'], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, 'VENV': str(venv), **env})
+    assert p.returncode == 0, p.stderr
+    return log.read_text().splitlines() if log.exists() else []
+
+def test_pip_runs_once_then_only_when_the_torch_spec_or_extras_change(tmp_path):
+    venv = fake_venv(tmp_path)
+    first = set_up(venv)
+    assert len(first) == 1 and first[0].endswith(f'-e {ROOT}[demo]'), first   # torch imports already: only the project
+    assert set_up(venv) == []                                                   # nothing changed: no pip at all
+    assert len(set_up(venv, TORCH_SPEC='torch==2.12.0')) == 1
+    assert (venv/'torch-constraint.txt').read_text().strip() == 'torch==2.12.0'
+    assert len(set_up(venv)) == 1                                               # back to the default spec
+    assert len(set_up(venv, extras='dev')) == 1 and set_up(venv, extras='dev') == []
+    assert set_up(venv) == []                                                   # each set of extras keeps its own stamp
+
+def test_a_stamp_that_does_not_match_reinstalls(tmp_path):
+    venv = fake_venv(tmp_path)
+    set_up(venv)
+    (venv/'.fastxtend_prof-install-demo').write_text('an install from another checkout\n')
+    assert len(set_up(venv)) == 1
+    assert set_up(venv) == []
