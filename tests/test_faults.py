@@ -476,6 +476,7 @@ def test_export_keeps_the_summaries_not_every_batch(tmp_path, capsys):
         if raw: pd.testing.assert_frame_equal(back.profile_timeline(), learn.profile_timeline())
         else:
             with pytest.raises(ValueError, match='export_raw=True'): back.profile_timeline()
+            with pytest.raises(ValueError, match='export_raw=True'): back.plot_profile_timeline()
     share = {k: v - sizes[k[0], None] for k, v in sizes.items() if k[1] is not None}  # fastai's Recorder keeps every batch's loss itself
     with capsys.disabled(): print(f'\nexport size (bytes) by (train batches, export_raw; None: unprofiled): {sizes}; the profile\'s share: {share}')
     assert share[400, False] - share[20, False] < 8_000  # bounded: the summaries' histograms fill a few more of their 651 bins
