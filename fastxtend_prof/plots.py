@@ -165,7 +165,8 @@ def plot_timeline(rec:TimingRecorder, # The recorder of a profiled fit: `learn.s
     if str(phase) not in ('train', 'valid'): raise ValueError(f"`phase` must be 'train' or 'valid', got {phase!r}")
     tb = _times(rec).tables[Phase(str(phase))]
     if tb.offset: raise ValueError(f'the timeline needs every batch, but {tb.offset} of the {tb.n} {phase} batches were folded into '
-                                   'summaries (`learn.profile(keep_raw=False)`): profile with `keep_raw=True` to plot it')
+                                   'summaries (`learn.profile(keep_raw=False)`, or a Learner loaded from `learn.export()` without `export_raw=True`): '
+                                   'profile with `keep_raw=True` to plot it')
     tl = timeline_frame(rec)
     tl = tl[tl.phase == str(phase)].reset_index(drop=True)
     if tl.empty: raise ValueError(f'no {phase} batches were recorded: nothing to plot')

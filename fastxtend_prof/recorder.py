@@ -331,6 +331,23 @@ class StepSummary:
         return dict(zip(STAT_COLS, (self.total/self.n, std, self.quantile(.5), self.quantile(.9), self.quantile(.99),
                                     self.max, self.n, sps, self.total)))
 
+# %% ../nbs/00_recorder.ipynb #2ef6a9c4
+def _summary_state(self:StepSummary) -> dict:
+    "What a pickle of the summary holds: its histogram as `(bins, non-empty bins, their counts)`"
+    nz = np.flatnonzero(self.hist).astype(np.uint16)  # 651 bins
+    return {**self.__dict__, 'hist': (len(self.hist), nz, self.hist[nz])}
+
+def _summary_from_state(self:StepSummary, state:dict):
+    "The summary back from `_summary_state` (or from the full histogram that pickles made before it), with its full histogram"
+    hist = state['hist']
+    if isinstance(hist, tuple):
+        n, nz, counts = hist
+        hist = np.zeros(n, np.int64)
+        hist[nz] = counts
+    self.__dict__.update(state, hist=hist)
+
+StepSummary.__getstate__, StepSummary.__setstate__ = _summary_state, _summary_from_state
+
 # %% ../nbs/00_recorder.ipynb #1c9c65c7
 def fold(table:BatchTable, warmup:int):
     "Fold `table`'s buffered rows into its per-step `StepSummary`s and drop them"

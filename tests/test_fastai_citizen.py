@@ -1,7 +1,7 @@
 """The profiler follows fastai's conventions: the pair passed to one fit (`fit(cbs=...)`, `fit_one_cycle(cbs=...)`), a profiler
 re-armed from `after_fit`, function-style `before_draw` listeners, fastai's own loop whenever nothing records, and warnings
 shown as often as without the profiler."""
-import subprocess, sys, textwrap
+import os, re, subprocess, sys, textwrap
 import pytest
 from fastai.callback.core import Callback
 from fastai.callback.schedule import *  # noqa: F401,F403  (fit_one_cycle)
@@ -89,3 +89,62 @@ def test_a_profiled_fit_shows_fastais_warnings_as_often_as_a_plain_one(tmp_path)
                                        cwd=tmp_path).stderr.count('You are shadowing an attribute')
     plain, profiled = count('plain'), count('profiled')
     assert plain > 0 and profiled == plain
+
+TRACEBACK_SCRIPT = textwrap.dedent('''
+    import sys
+    from fastai.basics import *
+    from fastai.test_utils import synth_learner
+    if sys.argv[1] != 'fastai': from fastxtend_prof.all import *
+    class Bad(nn.Module):
+        def __init__(self): super().__init__(); self.a = nn.Parameter(torch.zeros(1))
+        def forward(self, x): raise ValueError('the model failed')
+    learn = synth_learner(n_trn=4)
+    if sys.argv[1] == 'after-profiled':  # a profiled fit first: its note on an unprofiled next fit is pending
+        with learn.no_logging(): learn.profile(show_report=False).fit(1)
+    if sys.argv[1] == 'profiled': learn.profile(show_report=False)
+    learn.model = Bad()
+    with learn.no_logging(): learn.fit(1)
+''')
+
+def traceback_frames(tmp_path, how):
+    "`(file, function)` of every frame in the traceback that plain python prints when the script's fit fails"
+    script = tmp_path/'tb.py'
+    script.write_text(TRACEBACK_SCRIPT)
+    p = subprocess.run([sys.executable, str(script), how], capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 1 and 'ValueError: the model failed' in p.stderr, p.stderr
+    return re.findall(r'^  File "(.+)", line \d+, in (\S+)$', p.stderr, re.M)
+
+def test_an_unprofiled_failing_fit_shows_fastais_traceback(tmp_path):
+    "Importing the package changes no frame of a fit that nothing profiles: the traceback is fastai's own"
+    fastai_only = traceback_frames(tmp_path, 'fastai')
+    assert ('fit', 'all_batches', 'forward') == tuple(n for _, n in fastai_only if n in ('fit', 'all_batches', 'forward'))
+    for how in ('unprofiled', 'after-profiled'):
+        assert traceback_frames(tmp_path, how) == fastai_only, how
+    ours = [(os.path.basename(f), n) for f, n in traceback_frames(tmp_path, 'profiled') if 'fastxtend_prof' in f]
+    assert ours == [('events.py', 'all_batches_with_draw')]  # a profiled fit runs the loop that emits before_draw
+
+class FailAt(Callback):
+    "Raises in `after_loss` of the train batch `at`"
+    def __init__(self, at): self.at = at
+    def after_loss(self):
+        if self.training and self.iter == self.at: raise RuntimeError('failed at a batch')
+
+def test_a_fit_that_enters_no_added_cbs_is_watched_by_a_wrapper():
+    "With a `Learner.fit` that does not run in `added_cbs`, the watch wraps `fit`: a fit that dies still ends its profile"
+    fastai_fit = Learner.fit
+    def fit(self, *args, **kwargs): return fastai_fit(self, *args, **kwargs)  # another library's wrapper, without `functools.wraps`
+    events.uninstall()
+    Learner.fit = fit
+    try:
+        events.install()
+        assert Learner.fit.__wrapped__ is fit and Learner.added_cbs is events._orig('added_cbs')
+        learn = synth_learner(n_trn=N_TRN, n_val=N_VAL, cbs=FailAt(2)).profile(show_report=False)
+        with pytest.raises(RuntimeError, match='failed at a batch'), learn.no_bar(): learn.fit(1)
+        assert 'partial: the fit stopped with RuntimeError' in learn.profile_result.title
+        assert calls(learn.simple_profile_results, 'train', 'batch') == 2  # batch 0 is the warmup; batch 2 counts up to its failure
+        assert attached(learn) == [] and learn not in events._WATCH
+    finally:
+        events.uninstall()
+        Learner.fit = fastai_fit
+        events.install()
+    assert Learner.fit is fastai_fit

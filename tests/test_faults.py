@@ -447,6 +447,41 @@ def test_export_after_a_profiled_fit_keeps_the_results(tmp_path):
     loaded.fit(1)  # not profiled: the pair removed itself before the export
     pd.testing.assert_frame_equal(loaded.simple_profile_results, learn.simple_profile_results)
 
+def get_x_cycled(i): return X[i % len(X)]
+def get_y_cycled(i): return 2*X[i % len(X)] + 3
+
+def batches_learner(path, n_trn):
+    "`ds_learner` with `n_trn` train batches (the samples repeat)"
+    items = list(range(16*(n_trn + N_VAL)))
+    dsets = Datasets(items, tfms=[[get_x_cycled], [get_y_cycled]], splits=(items[:16*n_trn], items[16*n_trn:]))
+    return quiet(Learner(dsets.dataloaders(bs=16), RegModel(), loss_func=MSELossFlat(), lr=1e-2, path=path))
+
+def test_export_keeps_the_summaries_not_every_batch(tmp_path, capsys):
+    "`learn.export()` after a profiled fit: the profile's share of the file does not grow with the batches, the loaded Learner shows the same results, `export_raw` keeps the rows"
+    sizes = {}
+    for n, raw in ((20, None), (20, False), (400, None), (400, False), (400, True)):  # None: not profiled, fastai's own share
+        learn = batches_learner(tmp_path, n)
+        if raw is not None: learn.profile(show_report=False, export_raw=raw)
+        learn.fit(1)
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')
+            learn.export(f'{n}-{raw}.pkl')
+            back = load_learner(tmp_path/f'{n}-{raw}.pkl')
+        sizes[n, raw] = (tmp_path/f'{n}-{raw}.pkl').stat().st_size
+        if raw is None: continue
+        pd.testing.assert_frame_equal(back.simple_profile_results, learn.simple_profile_results)
+        pd.testing.assert_frame_equal(back.simple_profile_report, learn.simple_profile_report)
+        assert back.profile_result.title == learn.profile_result.title and len(back.profile_advice) == len(learn.profile_advice)
+        assert len(learn.profile_timeline()) == n + N_VAL  # the Learner that exported keeps every row
+        if raw: pd.testing.assert_frame_equal(back.profile_timeline(), learn.profile_timeline())
+        else:
+            with pytest.raises(ValueError, match='export_raw=True'): back.profile_timeline()
+            with pytest.raises(ValueError, match='export_raw=True'): back.plot_profile_timeline()
+    share = {k: v - sizes[k[0], None] for k, v in sizes.items() if k[1] is not None}  # fastai's Recorder keeps every batch's loss itself
+    with capsys.disabled(): print(f'\nexport size (bytes) by (train batches, export_raw; None: unprofiled): {sizes}; the profile\'s share: {share}')
+    assert share[400, False] - share[20, False] < 8_000  # bounded: the summaries' histograms fill a few more of their 651 bins
+    assert share[400, True] - share[400, False] > 80*400  # the rows: about 100 bytes a batch
+
 class PickleMidFit(Callback):
     "Pickles the learner at the end of the first epoch"
     def after_epoch(self):
