@@ -6,7 +6,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/cli.html.md"""
 
 # %% auto #0
 __all__ = ['DEVICES', 'DigitsDataset', 'digits_dls', 'demo_device', 'digits_cnn', 'epoch_line', 'print_epoch', 'demo', 'parser',
-           'main']
+           'compare_command', 'main']
 
 # %% ../nbs/10_cli.ipynb #168568d7
 import argparse, math, sys, time
@@ -18,6 +18,7 @@ from fastai.callback.schedule import *
 from .simpleprofiler import *
 from .report import output_path, check_writable
 from .recorder import SYNC_MODES
+from .compare import as_profile, compare_profiles, show_comparison, slower_than, plot_comparison, ALPHA, MIN_CHANGE
 
 # %% ../nbs/10_cli.ipynb #d3bd7931
 class DigitsDataset(torch.utils.data.Dataset):
@@ -117,7 +118,35 @@ def parser():
         q.add_argument('--trace', metavar='PATH', nargs='?', const='profile_trace.json', **dflt(None),
                        help='run torch.profiler over a few train batches and write a Chrome/Perfetto trace (default: profile_trace.json)')
         q.add_argument('--no-progress', action='store_true', **dflt(False), help="print one line per epoch (epoch, losses, metrics, time) instead of fastai's progress bar")
+    c = sub.add_parser('compare', help='compare two saved profiles (learn.profile(save_json=True)); exit 1 with --fail-if-slower when it tripped',
+                       description='Compare two profiles saved as JSON: per step, the change of the time per batch, its interval and a test; a verdict in words.')
+    c.add_argument('base', help='the baseline profile (JSON)')
+    c.add_argument('new', help='the profile to judge (JSON)')
+    c.add_argument('--fail-if-slower', type=_non_negative(float), metavar='PCT', help='exit 1 if --step got significantly slower by more than PCT percent')
+    c.add_argument('--step', default='train/iteration', metavar='PHASE/STEP', help='the row the gate reads (default: train/iteration)')
+    c.add_argument('--alpha', type=_number(float, 1e-12, 'a number in (0, 1)'), default=ALPHA, help=f'significance level of the test (default: {ALPHA})')
+    c.add_argument('--min-change', type=_non_negative(float), default=MIN_CHANGE, metavar='PCT', help=f'smallest change in percent called significant (default: {MIN_CHANGE:g})')
+    c.add_argument('--plot', metavar='PATH', help='save the side-by-side chart to this PNG file')
     return p
+
+def compare_command(a) -> int:
+    "`fastxtend-prof compare`: print the comparison; 0, or 1 when `--fail-if-slower` trips; 2 with one line on bad input"
+    try:
+        plot = str(check_writable(output_path(a.plot, 'profile_comparison.png'), '--plot')) if a.plot else None
+        base, new = as_profile(a.base, 'base'), as_profile(a.new, 'new')
+        cmp = compare_profiles(base, new, alpha=a.alpha, min_change=a.min_change)
+        tripped = slower_than(cmp, a.fail_if_slower, a.step) if a.fail_if_slower is not None else False
+    except ValueError as e:
+        print(f'fastxtend-prof compare: error: {e}', file=sys.stderr)
+        return 2
+    show_comparison(cmp)
+    if plot:
+        plot_comparison(base, new, fname=plot)
+        print(f'Saved: chart {plot}')
+    if a.fail_if_slower is not None:
+        verdict = 'FAILED' if tripped else 'passed'
+        print(f'gate {verdict}: {a.step} must not be significantly slower by more than {a.fail_if_slower:g}%')
+    return int(tripped)
 
 def _outputs(a) -> dict:
     "The files `a` (parsed arguments) asks for, each checked writable: a folder (or a path ending in '/') gets the default name"
@@ -131,6 +160,7 @@ def main(argv=None):
     "Entry point of `fastxtend-prof` and `python -m fastxtend_prof`"
     p = parser()
     a = p.parse_args(argv)
+    if a.command == 'compare': return compare_command(a)
     try: demo_device(a.device)  # before anything is built: a machine without CUDA gets one line, exit 2
     except ValueError as e: p.error(str(e))
     try: out = _outputs(a)  # where each file goes, checked before anything is trained

@@ -6,11 +6,12 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/compare.html.md"""
 
 # %% auto #0
 __all__ = ['COMPARED', 'ALPHA', 'MIN_CHANGE', 'MIN_CALLS', 'CONFIDENCE', 'HEADLINE', 'COMPARE_COLS', 'VERDICT_STEPS',
-           'step_distributions', 'encode_distributions', 'decode_distributions', 'SavedProfile', 'load_profile',
-           'profile_of', 'as_profile', 'change_stats', 'comparability', 'compare_profiles', 'comparison_verdict',
-           'slower_than', 'format_comparison', 'show_comparison', 'plot_comparison']
+           'BASELINE_RATIO', 'BASELINE_HINTS', 'step_distributions', 'encode_distributions', 'decode_distributions',
+           'SavedProfile', 'load_profile', 'profile_of', 'as_profile', 'change_stats', 'comparability',
+           'compare_profiles', 'comparison_verdict', 'slower_than', 'baseline_advice', 'format_comparison',
+           'show_comparison', 'plot_comparison']
 
-# %% ../nbs/08_compare.ipynb #dca5e4d4
+# %% ../nbs/08_compare.ipynb #255214ab
 import base64, math, textwrap
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,9 +19,10 @@ import numpy as np, pandas as pd
 from scipy import stats as sps
 from .recorder import *
 from .report import (load_json, read_json_doc, run_metadata, format_duration, text_table, text_width)
+from .insight import Advice
 from .plots import SEGMENT_COLORS, _segments, _new_axes, _duration_ticks, _save
 
-# %% ../nbs/08_compare.ipynb #d6725522
+# %% ../nbs/08_compare.ipynb #b83dd10c
 COMPARED = (Step.ITERATION, Step.DRAW, Step.BATCH, Step.FORWARD, Step.PREDICT, Step.LOSS, Step.BACKWARD, Step.OPT_STEP,
             Step.ZERO_GRAD, Step.OTHER)  # every per-step row; warmup and trace hold whole batches set apart, not a step
 
@@ -65,7 +67,7 @@ def decode_distributions(doc:dict) -> dict:
     try: return {tuple(k.split('/', 1)): _decode(v) for k, v in doc.items()}
     except (KeyError, TypeError, ValueError, IndexError) as e: raise ValueError(f'the per-step distributions are damaged: {e!r}') from None
 
-# %% ../nbs/08_compare.ipynb #45a00b8d
+# %% ../nbs/08_compare.ipynb #be96e784
 @dataclass
 class SavedProfile:
     "What a comparison reads from one run: its results, its metadata and its per-step distributions"
@@ -96,7 +98,7 @@ def as_profile(x, name:str='profile') -> SavedProfile:
     raise ValueError(f'`{name}` must be a JSON file saved by `learn.profile(save_json=True)`, a `SavedProfile` or a Learner '
                      f'after a profiled fit; got {type(x).__name__}')
 
-# %% ../nbs/08_compare.ipynb #f8b22967
+# %% ../nbs/08_compare.ipynb #920c9845
 def _moments(d) -> tuple:
     "`(n, mean, variance, median)` of a distribution: an array of durations or a `StepSummary`"
     if isinstance(d, StepSummary): return d.n, d.mean, d.m2/(d.n - 1) if d.n > 1 else math.nan, d.quantile(.5)
@@ -120,8 +122,8 @@ def change_stats(base, new, confidence:float=0.95) -> dict:
         p, test = float(2*sps.t.sf(abs(t), df)), 'Welch t'
     return {**out, 'CI Low %': lo, 'CI High %': hi, 'p-value': p, 'Test': test}
 
-# %% ../nbs/08_compare.ipynb #14a4178b
-ALPHA, MIN_CHANGE, MIN_CALLS, CONFIDENCE = 0.01, 5.0, 30, 0.95
+# %% ../nbs/08_compare.ipynb #bc88a3f2
+ALPHA, MIN_CHANGE, MIN_CALLS, CONFIDENCE = 0.01, 10.0, 30, 0.95
 HEADLINE = ('train', 'iteration')  # the row the verdict leads with and the CLI gates on by default
 _CHECKED = (('batch_size', 'batch size'), ('device', 'device'), ('device_name', 'device model'), ('sync', 'timing mode (sync)'),
             ('warmup', 'warmup'), ('fastai', 'fastai'), ('torch', 'torch'))
@@ -178,7 +180,7 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
     out.attrs['verdict'] = comparison_verdict(out)
     return out
 
-# %% ../nbs/08_compare.ipynb #9f7172c6
+# %% ../nbs/08_compare.ipynb #611a24aa
 def _pct(x:float) -> str: return f'{x:+.0f}%'.replace('-', '−')
 
 VERDICT_STEPS = ('draw', 'forward', 'loss', 'backward', 'opt_step', 'zero_grad', 'other')
@@ -209,7 +211,30 @@ def slower_than(cmp:pd.DataFrame, pct:float, step:str='train/iteration') -> bool
     if r.empty: raise ValueError(f'`step` {step!r} is not in the comparison; it has {sorted(set(cmp.Phase + "/" + cmp.Step))}')
     return bool(r['Significant'].iloc[0] and r['Change %'].iloc[0] > pct)
 
-# %% ../nbs/08_compare.ipynb #57c55aec
+# %% ../nbs/08_compare.ipynb #eb610bda
+BASELINE_RATIO = 1.5  # a step this many times the baseline's time per batch, significantly, gets advice
+BASELINE_HINTS = {
+    'draw': 'Did the DataLoader change: its `num_workers`, `pin_memory`, the dataset, its item transforms or the storage it reads?',
+    'forward': 'Did the model, the batch size or the precision (`to_fp16`, `channels_last`) change, or a callback working in `before_batch`?',
+    'predict': 'Did the model, the batch size or the precision change?',
+    'loss': 'Did the loss function change, or a callback working in `after_pred`/`after_loss`?',
+    'backward': 'Did the model, the batch size or the precision change (the backward pass costs about twice the forward)?',
+    'opt_step': 'Did the optimizer change, or gradient clipping, accumulation or a callback working in `before_step`?',
+    'zero_grad': 'Did the optimizer change?',
+    'other': 'Did a callback, a logger, the metrics or the progress bar change? They run between batches.'}
+
+def baseline_advice(cmp:pd.DataFrame) -> list:
+    "`Advice` for each step of `cmp` (`compare_profiles`) significantly slower than the baseline by `BASELINE_RATIO` or more, with what likely changed"
+    out = []
+    for r in cmp[cmp.Significant & (cmp['Change %'] > 0) & cmp.Step.isin(list(BASELINE_HINTS))].itertuples(index=False):
+        ratio = r[cmp.columns.get_loc('New Mean')]/r[cmp.columns.get_loc('Base Mean')]
+        if ratio < BASELINE_RATIO: continue
+        ev = dict(phase=r.Phase, step=r.Step, ratio=ratio, base_mean_s=r[cmp.columns.get_loc('Base Mean')], new_mean_s=r[cmp.columns.get_loc('New Mean')])
+        out.append(Advice('baseline', 'warning', ev, BASELINE_HINTS[r.Step],
+                          f"{r.Phase} {r.Step} takes {ratio:.1f}× the baseline's time per batch ({format_duration(ev['new_mean_s'])} vs {format_duration(ev['base_mean_s'])})"))
+    return out
+
+# %% ../nbs/08_compare.ipynb #791cdbd3
 def format_comparison(cmp:pd.DataFrame) -> pd.DataFrame:
     "`cmp` formatted for people: durations scaled, changes and intervals in percent, throughput before → after"
     f = lambda c, fmt: cmp[c].map(lambda v: '' if v != v else fmt(v))
@@ -233,7 +258,7 @@ def show_comparison(cmp:pd.DataFrame, width:int|None=None):
                       f"{cmp.attrs.get('min_change', MIN_CHANGE):g}% or more."))
     print('\n'.join(lines))
 
-# %% ../nbs/08_compare.ipynb #5100fe94
+# %% ../nbs/08_compare.ipynb #18b6cb9a
 def _per_batch(results:pd.DataFrame, phase:str) -> dict:
     "Seconds per batch of each step of `phase` (warmup left out): the steady time the comparison judges"
     rows = results[results.Phase == phase].set_index('Step')

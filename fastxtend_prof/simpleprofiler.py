@@ -10,6 +10,7 @@ __all__ = ['IDLE', 'FitSession', 'SimpleProfilerCallback', 'SimpleProfilerPostCa
 
 # %% ../nbs/09_simpleprofiler.ipynb #5f678458
 import copy, os, sys, time, warnings
+from pathlib import Path
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from enum import Enum
@@ -23,7 +24,8 @@ from . import events
 from .recorder import *
 from .report import *
 from .plots import save_plots, timeline_frame
-from .compare import step_distributions, encode_distributions
+from .compare import (step_distributions, encode_distributions, as_profile, profile_of, compare_profiles,
+                                    baseline_advice, show_comparison)
 from .insight import learner_advice, show_advice
 from .trace import trace_config, TraceWindow, TraceObserver, TRACE_NAME
 from .distributed import gather_profile, format_merged, straggler_advice
@@ -139,11 +141,13 @@ class SimpleProfilerCallback(_ProfilerPair):
         save_json:bool=False, # Save the results and run metadata as JSON to `learn.path/json_name`
         json_name:str='simple_profile.json', # JSON file name, relative to `learn.path`
         export_raw:bool=False, # Keep every batch's timings in a pickled Learner (`learn.export()`); False pickles their summaries
+        baseline:str|Path|None=None, # A profile saved with `save_json` to compare this fit with: the comparison shows under the report, and in the advice
     ):
         opts = {k: v for k, v in locals().items() if k != 'self'}
         _check_options(opts, SimpleProfilerCallback.__init__.__annotations__)
         store_attr(', '.join(opts))
         self._trace = trace_config(trace)
+        self._baseline = None if baseline is None else as_profile(baseline, 'baseline')  # read now: a bad file fails here, not after training
         self.logger_callback = check_logger_callback(logger_callback)  # checks the names and normalises them
 
     def before_fit(self):
@@ -256,6 +260,7 @@ class ProfileResult:
     merged_results:pd.DataFrame|None=None # Rank 0 of a distributed fit: the results merged over the ranks
     is_main:bool=True # False on the other ranks of a distributed fit, which show, save and log nothing
     export_raw:bool=False # Pickle the recorder's per-batch rows; False pickles their summaries (`learn.profile(export_raw=...)`)
+    comparison:pd.DataFrame|None=None # With `learn.profile(baseline=...)`: `compare_profiles(baseline, this fit)` (`learn.profile_comparison`)
 
     def to_save(self) -> pd.DataFrame:
         "The results the files hold: merged over the ranks where there are several, else this rank's"
@@ -274,7 +279,7 @@ def fastxtend_layout(results:pd.DataFrame) -> pd.DataFrame:
 _VIEWS = dict(simple_profile_results='results', simple_profile_report='report', simple_profile_recorder='recorder',
               simple_profile_sync='sync', profile_advice='advice', profile_trace='trace',
               simple_profile_rank_results='rank_results', simple_profile_merged_results='merged_results',
-              profile_results=('results', fastxtend_layout), profile_report='report')  # the last two: fastxtend 0.1.7's names
+              profile_comparison='comparison', profile_results=('results', fastxtend_layout), profile_report='report')  # the last two: fastxtend 0.1.7's names
 
 def _view(name, attr, fn=None):
     def get(self):
@@ -371,6 +376,7 @@ def _report(self:SimpleProfilerCallback, learn, exc=None):
     with _keep_warning_memory():
         learn.profile_result = r = fit_result(learn, session, exc)
         r.export_raw = self.export_raw
+        if r.is_main and self._baseline is not None: self._compare(learn, r)
         if r.is_main: self._present(learn, r, session.hub)
     if not session.keep_open and r.is_main: events.at_next_fit(learn, _note_unprofiled(r, time.monotonic(), self.show_report))
 
@@ -385,6 +391,14 @@ def _release(self:SimpleProfilerCallback, learn):
     return session
 
 @patch
+def _compare(self:SimpleProfilerCallback, learn, r:ProfileResult):
+    "Compare `r` with the baseline into `r.comparison` and add its advice; a failure is a warning, never a lost report"
+    try:
+        r.comparison = compare_profiles(self._baseline, profile_of(learn))
+        r.advice = r.advice + baseline_advice(r.comparison)
+    except Exception as e: warnings.warn(f'Simple Profiler: could not compare this fit with the baseline {str(self.baseline)!r}: {e}')
+
+@patch
 def _present(self:SimpleProfilerCallback, learn, r:ProfileResult, hub=None):
     "Show the report and advice, write the files asked for and send the results to the loggers; the advice and loggers even if a file fails"
     try:
@@ -392,6 +406,7 @@ def _present(self:SimpleProfilerCallback, learn, r:ProfileResult, hub=None):
         saved = self._save_files(learn, r)
         if r.trace and r.trace.get('trace_path'): saved.append(('trace', r.trace['trace_path']))
         if self.show_report and saved: print('Saved: ' + '; '.join(f'{what} to {p}' for what, p in saved))
+        if self.show_report and r.comparison is not None: show_comparison(r.comparison)
     finally:
         if self.show_report: show_advice(r.advice)
         if hub is not None: hub.after_fit(learn, r.results, r.report)

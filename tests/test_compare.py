@@ -1,0 +1,124 @@
+"""Two real profiles compared: a known delay injected in one step is found there, by about its size, and nowhere else;
+identical configurations come out unchanged; raw rows, summaries and the two mixed; the CLI gate's exit codes."""
+import json, subprocess, sys, time
+from pathlib import Path
+import pytest, torch
+from torch import nn
+from fastai.basics import Learner, DataLoaders, Callback, CrossEntropyLossFlat
+from fastxtend_prof.all import *
+from fastxtend_prof.compare import compare_profiles, profile_of, slower_than
+
+DELAY = 4e-3  # s spun in opt_step: a few times the step's own time
+
+class SpinInStep(Callback):
+    """Spins `s` seconds before each optimizer step (it lands in `opt_step`), on small matrix products: the core stays busy
+    with this process. Whatever is inserted, the step right after it runs a little slower (measured here: +5-20% after
+    a 4 ms insert, more after a sleep, which hands the core away); before the step that slow-down falls on `zero_grad`,
+    whose time is small."""
+    def __init__(self, s): self.s, self.a, self.out = s, torch.randn(32, 32), torch.empty(32, 32)
+    def before_step(self):
+        end = time.perf_counter() + self.s
+        while time.perf_counter() < end: torch.mm(self.a, self.a, out=self.out)  # no new tensors: no garbage collections
+
+def mlp_learner(cbs=(), n=60, bs=128, width=512, path='.'):
+    "A Learner whose steps take milliseconds, on random data that is the same for every call"
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(n*bs, 64, generator=g), torch.randint(0, 10, (n*bs,), generator=g)
+    dls = DataLoaders.from_dsets(list(zip(x, y)), list(zip(x[:8*bs], y[:8*bs])), bs=bs, num_workers=0)
+    model = nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+    return Learner(dls, model, loss_func=CrossEntropyLossFlat(), cbs=list(cbs), path=path)
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    "One torch thread: a pool of threads asleep after a spin or a sleep would charge their wake-up to the next steps"
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+def interleaved(a_cbs=(), b_cbs=(), rounds=3, a_kw=None, b_kw=None):
+    "Profiles of two Learners whose fits alternate `rounds` times, so that a slow drift of the machine falls on both"
+    a, b = mlp_learner(a_cbs), mlp_learner(b_cbs)
+    with a.no_logging(), b.no_logging():
+        a.fit(1)  # the process's first fit pays one-off costs (allocator, kernels): not part of either profile
+        with a.profiling(show_report=False, **(a_kw or {})), b.profiling(show_report=False, **(b_kw or {})):
+            for _ in range(rounds): a.fit(1); b.fit(1)
+    return a, b
+
+def rows(cmp, phase='train'):
+    return cmp[cmp.Phase == phase].set_index('Step')
+
+def test_injected_delay_is_found_in_its_step_only():
+    base, slow = interleaved(b_cbs=[SpinInStep(DELAY)])
+    cmp = compare_profiles(base, slow)
+    t = rows(cmp)
+    print(cmp[['Phase', 'Step', 'Base Mean', 'New Mean', 'Change %', 'p-value', 'Result']].to_string())
+    assert t.loc['opt_step', 'Result'] == 'slower'
+    assert t.loc['opt_step', 'New Mean'] - t.loc['opt_step', 'Base Mean'] == pytest.approx(DELAY, rel=0.25)
+    assert t.loc['iteration', 'Result'] == 'slower' and slower_than(cmp, 10)
+    others = t.drop(['opt_step', 'batch', 'iteration'])
+    assert (others.Result == 'no significant change').all(), others[['Change %', 'p-value', 'Result']]
+    assert cmp.attrs['verdict'].startswith('train iteration') and 'opt_step +' in cmp.attrs['verdict']
+
+@pytest.mark.parametrize('repeat', range(3))
+def test_identical_configurations_come_out_unchanged(repeat):
+    "The false-positive check: the same configuration twice, alternating; run three times"
+    a, b = interleaved()
+    cmp = compare_profiles(a, b)
+    print(cmp[['Phase', 'Step', 'Change %', 'CI Low %', 'CI High %', 'p-value', 'Result']].to_string())
+    assert rows(cmp).loc['iteration', 'Result'] == 'no significant change'
+    assert (cmp.Result == 'no significant change').mean() >= 0.9   # a stray row at most: alpha and min_change bound it
+    assert cmp.attrs['verdict'].startswith('train iteration: no significant change')
+
+@pytest.mark.parametrize('kinds', [(True, True), (False, False), (True, False)], ids=['raw', 'summaries', 'mixed'])
+def test_raw_summaries_and_mixed(kinds):
+    base, slow = interleaved(b_cbs=[SpinInStep(DELAY)], a_kw=dict(keep_raw=kinds[0]), b_kw=dict(keep_raw=kinds[1]))
+    t = rows(compare_profiles(base, slow))
+    assert t.loc['opt_step', 'Result'] == 'slower'
+    assert t.loc['opt_step', 'New Mean'] - t.loc['opt_step', 'Base Mean'] == pytest.approx(DELAY, rel=0.25)
+    assert t.loc['opt_step', 'Test'] == ('Mann-Whitney U' if all(kinds) else 'Welch t')
+
+def run_cli(*args):
+    return subprocess.run([sys.executable, '-m', 'fastxtend_prof', 'compare', *map(str, args)], capture_output=True, text=True, timeout=300)
+
+@pytest.fixture(scope='module')
+def saved(tmp_path_factory):
+    "base.json and slow.json: two interleaved profiles saved the way a user saves them"
+    d = tmp_path_factory.mktemp('profiles')
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try: interleaved(b_cbs=[SpinInStep(DELAY)], a_kw=dict(save_json=True, json_name=d/'base.json'), b_kw=dict(save_json=True, json_name=d/'slow.json'))
+    finally: torch.set_num_threads(n)
+    return d
+
+def test_cli_gate_exit_codes(saved, tmp_path):
+    slower = run_cli(saved/'base.json', saved/'slow.json', '--fail-if-slower', 10)
+    assert slower.returncode == 1, slower.stdout + slower.stderr
+    assert slower.stdout.startswith('Compared with the baseline: train iteration') and 'gate FAILED' in slower.stdout
+    faster = run_cli(saved/'slow.json', saved/'base.json', '--fail-if-slower', 10)
+    assert faster.returncode == 0 and 'gate passed' in faster.stdout, faster.stdout + faster.stderr
+    assert run_cli(saved/'base.json', saved/'base.json', '--fail-if-slower', 0).returncode == 0
+    assert run_cli(saved/'base.json', saved/'slow.json').returncode == 0   # no gate asked for: a report only
+    assert run_cli(saved/'base.json', saved/'slow.json', '--fail-if-slower', 10_000).returncode == 0   # slower, but not by that much
+
+@pytest.mark.parametrize('case', ['missing', 'not-json', 'foreign', 'newer', 'damaged', 'bad-step'])
+def test_cli_bad_input_is_one_line_and_exit_2(case, saved, tmp_path):
+    bad = tmp_path/'bad.json'
+    doc = json.loads((saved/'base.json').read_text())
+    if case == 'not-json': bad.write_text('Phase,Action,Step\n')
+    elif case == 'foreign': bad.write_text('{"results": []}')
+    elif case == 'newer': bad.write_text(json.dumps({**doc, 'format': 'fastxtend_prof.results/99'}))
+    elif case == 'damaged': bad.write_text(json.dumps({**doc, 'distributions': {'train/draw': {'kind': 'raw', 'n': 5, 'float32': 'AAAA'}}}))
+    extra = ['--fail-if-slower', '5', '--step', 'train/nope'] if case == 'bad-step' else []
+    p = run_cli(saved/'base.json', saved/'slow.json' if case == 'bad-step' else bad, *extra)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1 and p.stderr.startswith('fastxtend-prof compare: error: '), p.stderr
+    assert p.stdout == ''
+
+def test_baseline_option_shows_the_comparison_and_advice(saved, capsys):
+    learn = mlp_learner([SpinInStep(3*DELAY)]).profile(baseline=saved/'base.json', plain=True)
+    with learn.no_logging(): learn.fit(1)
+    out = capsys.readouterr().out
+    assert 'Compared with the baseline: train iteration' in out
+    assert any(a.rule == 'baseline' and a.evidence['step'] == 'opt_step' for a in learn.profile_advice)
+    assert rows(learn.profile_comparison).loc['opt_step', 'Result'] == 'slower'
