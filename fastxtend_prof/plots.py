@@ -209,12 +209,13 @@ def _profiled(learn, what):
         raise RuntimeError(f'`learn.{what}()` needs a profiled fit: call `learn.profile()`, then fit, then plot (this Learner has no profile yet)')
     return res, rec
 
-@patch(nm='plot_profile')
 def _learner_plot_profile(self:Learner,
     fname:str|Path|None=None, # Save the figure to this file (PNG unless its suffix says otherwise)
 ):
     "Stacked bars of the last profiled fit's train and valid time by step; saved to `fname` if given"
     return plot_profile(_profiled(self, 'plot_profile')[0], fname=fname)
+# named for `patch` by hand: its `nm=` argument is fastcore 2 only, and fastai 2.7 runs on fastcore 1.5
+_learner_plot_profile.__name__ = 'plot_profile'; patch(_learner_plot_profile)
 
 @patch
 def plot_profile_timeline(self:Learner,
