@@ -55,12 +55,13 @@ def test_injected_delay_is_found_in_its_step_only():
     assert t.loc['opt_step', 'Result'] == 'slower'
     assert t.loc['opt_step', 'New Mean'] - t.loc['opt_step', 'Base Mean'] == pytest.approx(DELAY, rel=0.25)
     assert t.loc['iteration', 'Result'] == 'slower' and slower_than(cmp, 10)
-    # The delay is charged to its step: every other step moved by a small fraction of it. (Whether those small moves
-    # count as significant depends on the machine: on this shared 2-core VM the steps of the run with the extra work run
-    # 0-20% slower as well, a real effect of the busier core, which the comparison rightly reports.)
+    # The delay is charged to its step: every other step moved by a small fraction of it, and none significantly, but
+    # for the step right after the insert, zero_grad: after 4 ms of other work it runs 5-16% slower on this machine (a
+    # real effect, which the comparison may rightly call significant).
     others = t.drop(['opt_step', 'batch', 'iteration'])
     moved = (others['New Mean'] - others['Base Mean']).abs()
     assert (moved < 0.1*DELAY).all(), others[['Base Mean', 'New Mean', 'Change %', 'Result']]
+    assert (others.drop('zero_grad').Result == 'no significant change').all(), others[['Change %', 'p-value', 'Result']]
     assert t['Change %'].idxmax() == 'opt_step'
     assert cmp.attrs['verdict'].startswith('train iteration') and 'opt_step +' in cmp.attrs['verdict']
 
