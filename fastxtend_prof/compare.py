@@ -11,18 +11,18 @@ __all__ = ['COMPARED', 'ALPHA', 'MIN_CHANGE', 'MIN_CALLS', 'CONFIDENCE', 'HEADLI
            'compare_profiles', 'comparison_verdict', 'slower_than', 'baseline_advice', 'format_comparison',
            'show_comparison', 'plot_comparison']
 
-# %% ../nbs/08_compare.ipynb #69d4ad40
+# %% ../nbs/08_compare.ipynb #65a33dda
 import base64, math, textwrap
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np, pandas as pd
 from scipy import stats as sps
 from .recorder import *
-from .report import (load_json, read_json_doc, run_metadata, format_duration, text_table, text_width)
+from .report import read_json_doc, results_of_doc, run_metadata, format_duration, text_table, text_width
 from .insight import Advice
 from .plots import SEGMENT_COLORS, _segments, _new_axes, _duration_ticks, _save
 
-# %% ../nbs/08_compare.ipynb #52d48d3b
+# %% ../nbs/08_compare.ipynb #57f9b0b8
 COMPARED = (Step.ITERATION, Step.DRAW, Step.BATCH, Step.FORWARD, Step.PREDICT, Step.LOSS, Step.BACKWARD, Step.OPT_STEP,
             Step.ZERO_GRAD, Step.OTHER)  # every per-step row; warmup and trace hold whole batches set apart, not a step
 
@@ -67,7 +67,7 @@ def decode_distributions(doc:dict) -> dict:
     try: return {tuple(k.split('/', 1)): _decode(v) for k, v in doc.items()}
     except (KeyError, TypeError, ValueError, IndexError) as e: raise ValueError(f'the per-step distributions are damaged: {e!r}') from None
 
-# %% ../nbs/08_compare.ipynb #a54b4bf0
+# %% ../nbs/08_compare.ipynb #220bcfa4
 @dataclass
 class SavedProfile:
     "What a comparison reads from one run: its results, its metadata and its per-step distributions"
@@ -79,8 +79,7 @@ class SavedProfile:
 def load_profile(path) -> SavedProfile:
     "The profile in a JSON file written by `learn.profile(save_json=True)` (or `save_json`)"
     doc = read_json_doc(path)
-    results, meta = load_json(path)
-    return SavedProfile(results, meta, decode_distributions(doc.get('distributions', {})), str(path))
+    return SavedProfile(*results_of_doc(doc), decode_distributions(doc.get('distributions', {})), str(path))
 
 def profile_of(learn) -> SavedProfile:
     "The last profiled fit of `learn` as a `SavedProfile`"
@@ -98,7 +97,7 @@ def as_profile(x, name:str='profile') -> SavedProfile:
     raise ValueError(f'`{name}` must be a JSON file saved by `learn.profile(save_json=True)`, a `SavedProfile` or a Learner '
                      f'after a profiled fit; got {type(x).__name__}')
 
-# %% ../nbs/08_compare.ipynb #6d610cb9
+# %% ../nbs/08_compare.ipynb #8f302784
 def _moments(d) -> tuple:
     "`(n, mean, variance, median)` of a distribution: an array of durations or a `StepSummary`"
     if isinstance(d, StepSummary): return d.n, d.mean, d.m2/(d.n - 1) if d.n > 1 else math.nan, d.quantile(.5)
@@ -122,7 +121,7 @@ def change_stats(base, new, confidence:float=0.95) -> dict:
         p, test = float(2*sps.t.sf(abs(t), df)), 'Welch t'
     return {**out, 'CI Low %': lo, 'CI High %': hi, 'p-value': p, 'Test': test}
 
-# %% ../nbs/08_compare.ipynb #258afe68
+# %% ../nbs/08_compare.ipynb #1cb42137
 ALPHA, MIN_CHANGE, MIN_CALLS, CONFIDENCE = 0.01, 15.0, 30, 0.95
 HEADLINE = ('train', 'iteration')  # the row the verdict leads with and the CLI gates on by default
 _CHECKED = (('batch_size', 'batch size'), ('device', 'device'), ('device_name', 'device model'), ('sync', 'timing mode (sync)'),
@@ -180,7 +179,7 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
     out.attrs['verdict'] = comparison_verdict(out)
     return out
 
-# %% ../nbs/08_compare.ipynb #02c9f8fe
+# %% ../nbs/08_compare.ipynb #a0a98468
 def _pct(x:float) -> str: return f'{x:+.0f}%'.replace('-', '−')
 
 VERDICT_STEPS = ('draw', 'forward', 'loss', 'backward', 'opt_step', 'zero_grad', 'other')
@@ -211,7 +210,7 @@ def slower_than(cmp:pd.DataFrame, pct:float, step:str='train/iteration') -> bool
     if r.empty: raise ValueError(f'`step` {step!r} is not in the comparison; it has {sorted(set(cmp.Phase + "/" + cmp.Step))}')
     return bool(r['Significant'].iloc[0] and r['Change %'].iloc[0] > pct)
 
-# %% ../nbs/08_compare.ipynb #9ac04f57
+# %% ../nbs/08_compare.ipynb #1ccb04a2
 BASELINE_RATIO = 1.5  # a step this many times the baseline's time per batch, significantly, gets advice
 BASELINE_HINTS = {
     'draw': 'Did the DataLoader change: its `num_workers`, `pin_memory`, the dataset, its item transforms or the storage it reads?',
@@ -234,7 +233,7 @@ def baseline_advice(cmp:pd.DataFrame) -> list:
                           f"{r.Phase} {r.Step} takes {ratio:.1f}× the baseline's time per batch ({format_duration(ev['new_mean_s'])} vs {format_duration(ev['base_mean_s'])})"))
     return out
 
-# %% ../nbs/08_compare.ipynb #a7ccb481
+# %% ../nbs/08_compare.ipynb #a57154d0
 def format_comparison(cmp:pd.DataFrame) -> pd.DataFrame:
     "`cmp` formatted for people: durations scaled, changes and intervals in percent, throughput before → after"
     f = lambda c, fmt: cmp[c].map(lambda v: '' if v != v else fmt(v))
@@ -258,7 +257,7 @@ def show_comparison(cmp:pd.DataFrame, width:int|None=None):
                       f"{cmp.attrs.get('min_change', MIN_CHANGE):g}% or more."))
     print('\n'.join(lines))
 
-# %% ../nbs/08_compare.ipynb #3b9d88cc
+# %% ../nbs/08_compare.ipynb #edd2de61
 def _per_batch(results:pd.DataFrame, phase:str) -> dict:
     "Seconds per batch of each step of `phase` (warmup left out): the steady time the comparison judges"
     rows = results[results.Phase == phase].set_index('Step')

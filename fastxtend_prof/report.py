@@ -8,7 +8,8 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/report.html.md"""
 __all__ = ['RESULT_COLS', 'KEY_COLS', 'SHORT_NAMES', 'DROP_ORDER', 'JSON_FORMAT', 'READ_FORMATS', 'results_frame',
            'format_duration', 'text_table', 'text_width', 'report_text', 'report_html', 'ProfileReport',
            'format_report', 'report_markdown', 'TitledReport', 'show_report', 'output_path', 'check_writable',
-           'atomic_write_text', 'save_results', 'run_metadata', 'save_json', 'read_json_doc', 'load_json']
+           'atomic_write_text', 'save_results', 'run_metadata', 'save_json', 'read_json_doc', 'load_json',
+           'results_of_doc']
 
 # %% ../nbs/02_report.ipynb #49e1157f
 import html, math, os, shutil, tempfile, textwrap
@@ -220,7 +221,10 @@ def read_json_doc(path) -> dict:
 
 def load_json(path) -> tuple:
     "`(results, metadata)` from a file written by `save_json`"
-    doc = read_json_doc(path)
+    return results_of_doc(read_json_doc(path))
+
+def results_of_doc(doc:dict) -> tuple:
+    "`(results, metadata)` of a document read by `read_json_doc`: the results with the contract's dtypes"
     df = pd.DataFrame(doc['results'], columns=doc['columns'])
     num = [c for c in df.columns if c not in KEY_COLS]
     df[num] = df[num].astype('float64')
