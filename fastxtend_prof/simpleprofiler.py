@@ -24,7 +24,7 @@ from . import events
 from .recorder import *
 from .report import *
 from .plots import save_plots, timeline_frame
-from .compare import (step_distributions, encode_distributions, as_profile, profile_of, compare_profiles,
+from .compare import (encode_distributions, as_profile, profile_of, compare_profiles,
                                     baseline_advice, show_comparison)
 from .insight import learner_advice, show_advice
 from .trace import trace_config, TraceWindow, TraceObserver, TRACE_NAME
@@ -421,8 +421,8 @@ def _save_files(self:SimpleProfilerCallback, learn, r:ProfileResult):
             ranks = out['csv_name'].with_name(f"{out['csv_name'].stem}_ranks.csv")
             saved.append(('per-rank results', _write(save_results, r.rank_results, ranks, 'per-rank CSV')))
     if 'json_name' in out:
-        meta, dists = run_metadata(learn, self.warmup, r.sync), encode_distributions(step_distributions(r.recorder))
-        saved.append(('JSON', _write(lambda df, p: save_json(df, p, meta, dists), results, out['json_name'], 'JSON')))
+        mine = profile_of(learn)  # this fit's metadata and per-step distributions, as a comparison reads them
+        saved.append(('JSON', _write(lambda df, p: save_json(df, p, mine.metadata, encode_distributions(mine.distributions)), results, out['json_name'], 'JSON')))
     if 'plot_name' in out: saved.append(('chart', save_plots(learn, out['plot_name'])))
     return saved
 
