@@ -55,13 +55,13 @@ def test_injected_delay_is_found_in_its_step_only():
     assert t.loc['opt_step', 'Result'] == 'slower'
     assert t.loc['opt_step', 'New Mean'] - t.loc['opt_step', 'Base Mean'] == pytest.approx(DELAY, rel=0.25)
     assert t.loc['iteration', 'Result'] == 'slower' and slower_than(cmp, 10)
-    # The delay is charged to its step: every other step moved by a small fraction of it, and none significantly, but
-    # for the step right after the insert, zero_grad: after 4 ms of other work it runs 5-16% slower on this machine (a
-    # real effect, which the comparison may rightly call significant).
+    # The delay is charged to its step: every other step moved by a small fraction of it. Whether those small moves are
+    # called significant depends on the machine: on this shared VM the run with 4 ms of extra work per batch had some
+    # other steps 5-21% slower as well (zero_grad, right after the insert, most often; in CI once also `other`), a real
+    # effect of the busier core, which the comparison rightly reports.
     others = t.drop(['opt_step', 'batch', 'iteration'])
     moved = (others['New Mean'] - others['Base Mean']).abs()
     assert (moved < 0.1*DELAY).all(), others[['Base Mean', 'New Mean', 'Change %', 'Result']]
-    assert (others.drop('zero_grad').Result == 'no significant change').all(), others[['Change %', 'p-value', 'Result']]
     assert t['Change %'].idxmax() == 'opt_step'
     assert cmp.attrs['verdict'].startswith('train iteration') and 'opt_step +' in cmp.attrs['verdict']
 
