@@ -2,7 +2,7 @@
 
 fastai itself spends a few hundred microseconds per step (event dispatch, autograd, batch transfer) that is real time
 of that step. So the same workload is first profiled with every wait at zero (the baseline), and the test asserts that
-each step's mean grows by the known wait: within 5% or 0.75 ms, whichever is larger.
+each step's median grows by the known wait: within 5% or 0.75 ms, whichever is larger (the mean: never less, at most 25% more).
 
 It runs in every timing mode: `sync='none'`, and `'device'` and `'events'` through the recorder's injectable seam (a
 no-op synchronisation; device events that are host timestamps), since this CPU machine has no accelerator."""
@@ -98,10 +98,12 @@ def results(baseline, mode): return profiled_fit(WAITS, mode)
     ('train', 'opt_step', 'opt_step'), ('train', 'zero_grad', 'zero_grad'),
     ('valid', 'draw', 'draw'), ('valid', 'predict', 'forward'), ('valid', 'loss', 'loss')])
 def test_step_means(mode, baseline, results, phase, step, key):
-    r, base = row(results, phase, step), row(baseline, phase, step)['Mean Duration']
-    added = r['Mean Duration'] - base
-    print(f'sync={mode:6} {phase:5} {step:9} wait {WAITS[key]*1e3:6.3f} ms  measured {r["Mean Duration"]*1e3:6.3f} ms - baseline {base*1e3:.3f} ms = {added*1e3:6.3f} ms')
-    assert abs(added - WAITS[key]) <= tolerance(WAITS[key])
+    "Each step's median grows by its known wait. The median, because on a loaded 2-core machine the scheduler can take the core away inside a 20 ms spin and return it after the spin's deadline: that overshoot is real time of the step (the profiler is right to charge it), but one such batch moves an 18-call mean by a millisecond or more. The mean still has to be in the right place, with room for a few of those."
+    r, base = row(results, phase, step), row(baseline, phase, step)
+    added = {c: r[c] - base[c] for c in ('Median Duration', 'Mean Duration')}
+    print(f'sync={mode:6} {phase:5} {step:9} wait {WAITS[key]*1e3:6.3f} ms  median added {added["Median Duration"]*1e3:6.3f} ms  mean added {added["Mean Duration"]*1e3:6.3f} ms')
+    assert abs(added['Median Duration'] - WAITS[key]) <= tolerance(WAITS[key])
+    assert -tolerance(WAITS[key]) <= added['Mean Duration'] - WAITS[key] <= 0.25*WAITS[key]
     n = (N_TRAIN if phase == 'train' else N_VALID) - 1
     assert r['Number of Calls'] == EPOCHS*n
 
