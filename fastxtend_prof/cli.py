@@ -18,7 +18,7 @@ from fastai.callback.schedule import *
 from .simpleprofiler import *
 from .report import output_path, check_writable
 from .recorder import SYNC_MODES
-from .compare import as_profile, compare_profiles, show_comparison, slower_than, plot_comparison, ALPHA, MIN_CHANGE
+from .compare import as_profile, compare_profiles, show_comparison, slower_than, plot_comparison, ALPHA, MIN_CHANGE, MIN_SHARE
 
 # %% ../nbs/10_cli.ipynb #d3bd7931
 class DigitsDataset(torch.utils.data.Dataset):
@@ -126,6 +126,7 @@ def parser():
     c.add_argument('--step', default='train/iteration', metavar='PHASE/STEP', help='the row the gate reads (default: train/iteration)')
     c.add_argument('--alpha', type=_number(float, 1e-12, 'a number in (0, 1)'), default=ALPHA, help=f'significance level of the test (default: {ALPHA})')
     c.add_argument('--min-change', type=_non_negative(float), default=MIN_CHANGE, metavar='PCT', help=f'smallest change in percent called significant (default: {MIN_CHANGE:g})')
+    c.add_argument('--min-share', type=_non_negative(float), default=MIN_SHARE, metavar='PCT', help=f"smallest change, in percent of the phase's iteration time, called significant (default: {MIN_SHARE:g})")
     c.add_argument('--plot', metavar='PATH', help='save the side-by-side chart to this PNG file')
     return p
 
@@ -134,7 +135,7 @@ def compare_command(a) -> int:
     try:
         plot = str(check_writable(output_path(a.plot, 'profile_comparison.png'), '--plot')) if a.plot else None
         base, new = as_profile(a.base, 'base'), as_profile(a.new, 'new')
-        cmp = compare_profiles(base, new, alpha=a.alpha, min_change=a.min_change)
+        cmp = compare_profiles(base, new, alpha=a.alpha, min_change=a.min_change, min_share=a.min_share)
         tripped = slower_than(cmp, a.fail_if_slower, a.step) if a.fail_if_slower is not None else False
     except ValueError as e:
         print(f'fastxtend-prof compare: error: {e}', file=sys.stderr)

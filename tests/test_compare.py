@@ -51,17 +51,19 @@ def test_injected_delay_is_found_in_its_step_only():
     base, slow = interleaved(b_cbs=[SpinInStep(DELAY)])
     cmp = compare_profiles(base, slow)
     t = rows(cmp)
-    print(cmp[['Phase', 'Step', 'Base Mean', 'New Mean', 'Change %', 'p-value', 'Result']].to_string())
+    print(cmp[['Phase', 'Step', 'Base Mean', 'New Mean', 'Change %', 'Of Iteration %', 'p-value', 'Result']].to_string())
+    print(cmp.attrs['verdict'])
     assert t.loc['opt_step', 'Result'] == 'slower'
     assert t.loc['opt_step', 'New Mean'] - t.loc['opt_step', 'Base Mean'] == pytest.approx(DELAY, rel=0.25)
     assert t.loc['iteration', 'Result'] == 'slower' and slower_than(cmp, 10)
-    # The delay is charged to its step: every other step moved by a small fraction of it. Whether those small moves are
-    # called significant depends on the machine: on this shared VM the run with 4 ms of extra work per batch had some
-    # other steps 5-21% slower as well (zero_grad, right after the insert, most often; in CI once also `other`), a real
-    # effect of the busier core, which the comparison rightly reports.
+    # The delay is charged to its step: every other step moved by a small fraction of it, and none is called
+    # significant. Some of them did get slower, really: on the shared CI VM the code right after the spin finds its
+    # caches cold (zero_grad, next to the insert, 5-21% slower, tens of microseconds). `min_share` holds those back:
+    # they are well under 2% of the iteration.
     others = t.drop(['opt_step', 'batch', 'iteration'])
     moved = (others['New Mean'] - others['Base Mean']).abs()
     assert (moved < 0.1*DELAY).all(), others[['Base Mean', 'New Mean', 'Change %', 'Result']]
+    assert (others.Result == 'no significant change').all(), others[['Base Mean', 'New Mean', 'Change %', 'Of Iteration %', 'p-value', 'Result']]
     assert t['Change %'].idxmax() == 'opt_step'
     assert cmp.attrs['verdict'].startswith('train iteration') and 'opt_step +' in cmp.attrs['verdict']
 
@@ -73,7 +75,7 @@ def test_identical_configurations_come_out_unchanged(repeat):
     print(cmp[['Phase', 'Step', 'Change %', 'CI Low %', 'CI High %', 'p-value', 'Result']].to_string())
     train = rows(cmp)
     assert train.loc['iteration', 'Result'] == 'no significant change'
-    assert (train.Result == 'no significant change').mean() >= 0.8   # a stray row at most: alpha and min_change bound them
+    assert (train.Result == 'no significant change').mean() >= 0.8   # a stray row at most: alpha, min_change and min_share bound them
     # The valid loop is left out of this check: 8 short batches a fit, it moved by up to 23%
     # between two identical Learners in CI (the train rows by 3%); its rows are there, with their wide intervals.
     assert cmp.attrs['verdict'].startswith('train iteration: no significant change')
@@ -108,6 +110,8 @@ def test_cli_gate_exit_codes(saved, tmp_path):
     assert run_cli(saved/'base.json', saved/'base.json', '--fail-if-slower', 0).returncode == 0
     assert run_cli(saved/'base.json', saved/'slow.json').returncode == 0   # no gate asked for: a report only
     assert run_cli(saved/'base.json', saved/'slow.json', '--fail-if-slower', 10_000).returncode == 0   # slower, but not by that much
+    assert run_cli(saved/'base.json', saved/'slow.json', '--fail-if-slower', 10, '--min-share', 1000).returncode == 0   # no change that large is asked for
+    assert run_cli(saved/'base.json', saved/'slow.json', '--min-share', -1).returncode == 2
 
 @pytest.mark.parametrize('case', ['missing', 'not-json', 'foreign', 'newer', 'damaged', 'bad-step'])
 def test_cli_bad_input_is_one_line_and_exit_2(case, saved, tmp_path):
