@@ -257,7 +257,11 @@ def test_trace_window_is_kept_out_of_the_statistics(tmp_path, monkeypatch, capsy
     assert (steady['Max Duration'] < START/3).all(), steady[['Step', 'Max Duration']]   # no step holds any of it
     top = res[(res.Phase == 'train') & (res.Action == res.Step)]['Total Time'].sum()
     assert top == pytest.approx(r.loc[('fit', 'train'), 'Total Time'], rel=1e-6)       # ... and the phase still adds up
-    assert not {a.rule for a in learn.profile_advice} & {'unstable_steps', 'heavy_callbacks', 'startup', 'data_bound'}, learn.profile_advice
+    # No rule read the window's time: a rule may still fire on this tiny Learner's own noise when the machine is loaded
+    # (a few ms of scheduler delay on ~100 µs steps), but none of the seconds it cites holds a start, a stop or the export:
+    # one START spread over the 26 steady batches would still add 11.5 ms to a mean
+    for a in learn.profile_advice:
+        assert all(v < START/30 for k, v in a.evidence.items() if k.endswith('_s')), a
     tr = learn.profile_trace
     assert tr['profiler_s'] >= 3*START and tr['export_s'] >= EXPORT
     assert r.loc[('fit', 'fit'), 'Total Time'] < tr['profiler_s'] + EXPORT   # the export came after the fit's timing
