@@ -116,9 +116,9 @@ def test_batch_holds_its_steps(baseline, results):
         assert abs(gap['wait'] - gap['base']) <= 0.00075
 
 def test_other_gets_no_wait(baseline, results):
-    "No known wait leaks into `other`"
+    "No known wait leaks into `other` (medians: a wait that leaked would be in every batch's `other`, a scheduler hiccup is in one)"
     for phase in ('train', 'valid'):
-        assert abs(row(results, phase, 'other')['Mean Duration'] - row(baseline, phase, 'other')['Mean Duration']) <= 0.00075
+        assert abs(row(results, phase, 'other')['Median Duration'] - row(baseline, phase, 'other')['Median Duration']) <= 0.00075
 
 @pytest.mark.parametrize('phase', ['train', 'valid'])
 def test_partition(results, phase):
