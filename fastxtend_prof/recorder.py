@@ -155,13 +155,10 @@ class TimingRecorder:
             s[0] = s[1] = s[2] = _NAN
 
     def draw_mark(self, slot:int) -> bool:
-        "Mark `slot` (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`) inside the open draw: the first `AFTER_LOAD` counts; False if ignored"
+        "Mark `slot` (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`) inside the open draw, the first time only; False if ignored"
         if self._draw_t != self._draw_t: return False  # no draw open (NaN): a loader used outside the loop's draw
         s, i = self._sub, slot - AFTER_LOAD
-        if i == 0:
-            if s[0] == s[0]: return False  # the loader handed over already: `next` returning in the loop comes later
-            s[0] = self.clock()
-            return True
+        if s[i] == s[i]: return False  # marked already: the loop's `next` returns after a fastai loader's hand-over
         t = s[i] = self.clock()
         if i == 1 and s[0] != s[0]: s[0] = t  # transforms before any transfer: the hand-over is their start
         return True
