@@ -133,3 +133,76 @@ def test_nothing_left_wrapped(config):
     import fastai.data.load as load
     from fastai.torch_core import to_device
     assert load.to_device is to_device
+
+# ------------------------------------------------------------------------------------------ the rows everywhere else
+def quick_fit(tmp_path, **kwargs):
+    "A short profiled fit on the fastai kind, nothing injected, writing CSV and JSON to `tmp_path`"
+    learn = Learner(make_dls('fastai'), Model(), loss_func=F.mse_loss, opt_func=SGD, lr=1e-3, path=tmp_path)
+    learn.remove_cb(ProgressCallback)
+    learn.profile(show_report=False, save_csv=True, save_json=True, **kwargs)
+    with learn.no_logging(): learn.fit(1)
+    return learn
+
+def test_exports_and_summaries_keep_the_split(tmp_path):
+    "The CSV and JSON hold the draw's parts; `keep_raw=False` summaries give the same calls and totals; a comparison compares them"
+    import pandas as pd
+    from fastxtend_prof.report import load_json
+    from fastxtend_prof.compare import compare_profiles
+    learn = quick_fit(tmp_path)
+    res = learn.simple_profile_results
+    keys = lambda df: set(zip(df.Phase, df.Action, df.Step))
+    assert {(p, 'draw', s) for p in ('train', 'valid') for s in SUB} <= keys(res)
+    csv = pd.read_csv(tmp_path/'simple_profile.csv')
+    assert keys(csv) == keys(res)
+    back, _ = load_json(tmp_path/'simple_profile.json')
+    assert keys(back) == keys(res)
+    lean = quick_fit(tmp_path/'lean', keep_raw=False).simple_profile_results
+    for p in ('train', 'valid'):
+        for s in SUB: assert row(lean, p, s)['Number of Calls'] == row(res, p, s)['Number of Calls']
+        parts = lean[(lean.Phase == p) & (lean.Action == 'draw') & (lean.Step != 'draw')]
+        assert parts['Total Time'].sum() == pytest.approx(row(lean, p, 'draw')['Total Time'], rel=1e-9)
+    cmp = compare_profiles(tmp_path/'simple_profile.json', tmp_path/'lean'/'simple_profile.json')
+    assert {('train', s) for s in SUB} <= set(zip(cmp.Phase, cmp.Step))
+
+def test_ranks_merge_the_split():
+    "Two ranks' results merge into one table with the draw's parts, which still add up to the draw"
+    from fastxtend_prof.distributed import rank_table, merge_ranks
+    res = profiled_fit({}, 'torch', 'none')
+    merged = merge_ranks(rank_table({0: res, 1: res}))
+    for p in ('train', 'valid'):
+        parts = merged[(merged.Phase == p) & (merged.Action == 'draw') & (merged.Step != 'draw')]
+        assert set(parts.Step) == {'wait', 'transfer'}
+        assert parts['Mean Duration'].sum() == pytest.approx(row(merged, p, 'draw')['Mean Duration'], rel=1e-9)
+
+def test_unprofiled_fit_wraps_nothing():
+    "Without a profiler fastai runs its own loop: no `to_device` or `after_batch` of ours while it trains"
+    import fastai.data.load as load
+    from fastai.torch_core import to_device
+    from fastai.callback.core import Callback
+    from fastxtend_prof.events import TimedTransforms
+    seen = []
+    class Look(Callback):
+        def before_batch(self): seen.append((load.to_device is to_device, isinstance(self.learn.dl.after_batch, TimedTransforms)))
+    learn = Learner(make_dls('fastai'), Model(), loss_func=F.mse_loss, opt_func=SGD, lr=1e-3, cbs=Look())
+    learn.remove_cb(ProgressCallback)
+    with learn.no_logging(): learn.fit(1)
+    assert seen and set(seen) == {(True, False)}
+
+class Batches:
+    "A loader of neither kind: a plain iterable of ready batches"
+    def __init__(self, dl): self.batches = list(dl)
+    def __len__(self): return len(self.batches)
+    def __iter__(self): return iter(self.batches)
+
+def test_other_loaders_get_wait_and_transfer():
+    "A loader that is neither a fastai nor a torch DataLoader: the loop still marks the hand-over; no transforms row"
+    dls = make_dls('torch')
+    dls.loaders = [Batches(dls.train), Batches(dls.valid)]
+    learn = Learner(dls, Model(), loss_func=F.mse_loss, opt_func=SGD, lr=1e-3)
+    learn.remove_cb(ProgressCallback)
+    learn.profile(show_report=False)
+    with learn.no_logging(): learn.fit(1)
+    res = learn.simple_profile_results
+    parts = res[(res.Phase == 'train') & (res.Action == 'draw') & (res.Step != 'draw')]
+    assert set(parts.Step) == {'wait', 'transfer'}
+    assert parts['Mean Duration'].sum() == pytest.approx(row(res, 'train', 'draw')['Mean Duration'], rel=1e-9)
