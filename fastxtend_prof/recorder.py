@@ -56,7 +56,15 @@ THROUGHPUT_STEPS = SPANS + (Step.ITERATION, Step.DRAW, Step.BATCH)  # the rows w
 # %% ../nbs/00_recorder.ipynb #d61fba80
 class BatchTable:
     "One phase's per-batch rows of marks in a typed array, plus the runs (one per epoch) they belong to"
-    def __init__(self, steps=None): self.data, self.runs, self.steps, self.offset, self.summaries = array('d'), [], steps, 0, None
+    def __init__(self, steps=None): self.data, self.runs, self.steps, self.offset, self.summaries, self.width = array('d'), [], steps, 0, None, N_SLOTS
+    def __setstate__(self, state):
+        "A table pickled before the draw was split (12 slots a row, no `width`) gets its rows widened, the draw's marks unset"
+        self.__dict__.update(state)
+        w = state.get('width', 12)
+        if w < N_SLOTS and self.data:
+            old = np.frombuffer(self.data, dtype=np.float64).reshape(-1, w)
+            self.data = array('d', np.hstack([old, np.full((len(old), N_SLOTS - w), np.nan)]).ravel().tobytes())
+        self.width = N_SLOTS
     @property
     def n(self): return self.offset + len(self.data)//N_SLOTS
     def matrix(self, last:int|None=None):
