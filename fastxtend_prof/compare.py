@@ -23,7 +23,7 @@ from .insight import Advice
 from .plots import SEGMENT_COLORS, _segments, _new_axes, _duration_ticks, _save
 
 # %% ../nbs/08_compare.ipynb #57f9b0b8
-COMPARED = (Step.ITERATION, Step.DRAW, Step.BATCH, Step.FORWARD, Step.PREDICT, Step.LOSS, Step.BACKWARD, Step.OPT_STEP,
+COMPARED = (Step.ITERATION, Step.DRAW, Step.WAIT, Step.TRANSFER, Step.TRANSFORMS, Step.BATCH, Step.FORWARD, Step.PREDICT, Step.LOSS, Step.BACKWARD, Step.OPT_STEP,
             Step.ZERO_GRAD, Step.OTHER)  # every per-step row; warmup and trace hold whole batches set apart, not a step
 
 def step_distributions(rec:TimingRecorder) -> dict:
@@ -226,6 +226,9 @@ def slower_than(cmp:pd.DataFrame, pct:float, step:str='train/iteration') -> bool
 BASELINE_RATIO = 1.5  # a step this many times the baseline's time per batch, significantly, gets advice
 BASELINE_HINTS = {
     'draw': 'Did the DataLoader change: its `num_workers`, `pin_memory`, the dataset, its item transforms or the storage it reads?',
+    'wait': 'Did the loading change: `num_workers`, the dataset, its item transforms, the collate function or the storage it reads?',
+    'transfer': 'Did the batch on the wire change: its size or dtype (float instead of uint8), `pin_memory`, or the device?',
+    'transforms': 'Did the batch transforms (`batch_tfms`, the DataLoader\'s `after_batch`) change, or the device they run on?',
     'forward': 'Did the model, the batch size or the precision (`to_fp16`, `channels_last`) change, or a callback working in `before_batch`?',
     'predict': 'Did the model, the batch size or the precision change?',
     'loss': 'Did the loss function change, or a callback working in `after_pred`/`after_loss`?',
@@ -237,7 +240,10 @@ BASELINE_HINTS = {
 def baseline_advice(cmp:pd.DataFrame) -> list:
     "`Advice` for each step of `cmp` (`compare_profiles`) significantly slower than the baseline by `BASELINE_RATIO` or more, with what likely changed"
     out = []
-    for r in cmp[cmp.Significant & (cmp['Change %'] > 0) & cmp.Step.isin(list(BASELINE_HINTS))].itertuples(index=False):
+    slow = cmp[cmp.Significant & (cmp['Change %'] > 0) & cmp.Step.isin(list(BASELINE_HINTS))]
+    split = set(slow.Phase[slow.Step.isin(['wait', 'transfer', 'transforms'])])
+    slow = slow[~((slow.Step == 'draw') & slow.Phase.isin(split))]  # a part of the draw says more than the draw
+    for r in slow.itertuples(index=False):
         ratio = r[cmp.columns.get_loc('New Mean')]/r[cmp.columns.get_loc('Base Mean')]
         if ratio < BASELINE_RATIO: continue
         ev = dict(phase=r.Phase, step=r.Step, ratio=ratio, base_mean_s=r[cmp.columns.get_loc('Base Mean')], new_mean_s=r[cmp.columns.get_loc('New Mean')])

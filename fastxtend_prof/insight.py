@@ -7,9 +7,10 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/insight.html.md"""
 # %% auto #0
 __all__ = ['SEVERITIES', 'DATA_BOUND_SHARE', 'DATA_BOUND_CRITICAL', 'DATA_BOUND_MIN_DRAW', 'STARTUP_RATIO', 'STARTUP_MIN_SHARE',
            'OPT_STEP_RATIO', 'OPT_STEP_MIN_SHARE', 'OPT_STEP_MIN', 'OTHER_SHARE', 'OTHER_MIN', 'UNSTABLE_RATIO',
-           'UNSTABLE_MIN_SHARE', 'UNSTABLE_MIN_BATCHES', 'RULES', 'Advice', 'synthetic_run', 'run_context',
-           'data_bound', 'startup', 'host_bound_opt_step', 'heavy_callbacks', 'unstable_steps', 'host_timing', 'advise',
-           'show_advice', 'learner_advice']
+           'UNSTABLE_MIN_SHARE', 'UNSTABLE_MIN_BATCHES', 'TRANSFER_SHARE', 'TRANSFER_MIN_SHARE', 'TRANSFER_MIN',
+           'TFMS_SHARE', 'TFMS_MIN', 'RULES', 'Advice', 'synthetic_run', 'run_context', 'data_bound', 'startup',
+           'host_bound_opt_step', 'heavy_callbacks', 'slow_transfer', 'heavy_transforms', 'unstable_steps',
+           'host_timing', 'advise', 'show_advice', 'learner_advice']
 
 # %% ../nbs/03_insight.ipynb #db59b276
 import math, os, textwrap, warnings
@@ -52,6 +53,11 @@ OTHER_MIN = 1e-3  # s: ... and at least this long
 UNSTABLE_RATIO = 3  # p99 step this many times the median; batches slower than this multiple are stragglers
 UNSTABLE_MIN_SHARE = 0.05  # ... when the stragglers' excess is this share of the steps' time
 UNSTABLE_MIN_BATCHES = 20  # steady batches needed for a p99
+TRANSFER_SHARE = 0.3  # transfer's share of the draw that makes the copy to the device worth speeding up
+TRANSFER_MIN_SHARE = 0.1  # ... when it is also this share of the train loop's steady time
+TRANSFER_MIN = 5e-4  # s: ... and at least this long per batch
+TFMS_SHARE = 0.15  # the batch transforms' share of the train loop's steady time that makes them heavy
+TFMS_MIN = 1e-3  # s: ... when they take at least this long per batch
 
 # %% ../nbs/03_insight.ipynb #1c107532
 class _ManualClock:
@@ -74,6 +80,8 @@ def synthetic_run(
     startup:float=0.0, # Extra seconds before each epoch's first draw (worker start-up)
     slow:dict|None=None, # {global train batch index: {step: seconds}} overrides, for stragglers
     n_valid:int=0, # Valid batches per epoch (predict = `forward`, loss = `loss`)
+    transfer:float|None=None, # Seconds of the draw spent moving the batch to the device: the draw is split (wait, transfer, transforms)
+    transforms:float=0.0, # Seconds of the draw spent in the batch transforms, when it is split
 ):
     "Results and `TimingRecorder` of a made-up fit of `epochs` x `n_batches` whose steps take the seconds given"
     base = dict(draw=draw, forward=forward, loss=loss, backward=backward, opt_step=opt_step, zero_grad=zero_grad, other=other)
@@ -89,7 +97,12 @@ def synthetic_run(
             clk.t += startup
             for _ in range(n):
                 d = {**base, **slow.get(k, {})} if phase is Phase.TRAIN else base
-                rec.draw(); clk.t += d['draw']; rec.start_batch()
+                rec.draw()
+                if transfer is None: clk.t += d['draw']
+                else:  # the loader's marks inside the draw: wait, then transfer, then transforms
+                    clk.t += d['draw'] - transfer - transforms; rec.draw_mark(AFTER_LOAD)
+                    clk.t += transfer; rec.draw_mark(BEFORE_TFMS); clk.t += transforms; rec.draw_mark(AFTER_TFMS)
+                rec.start_batch()
                 clk.t += d['forward']; rec.mark(AFTER_PRED); clk.t += d['loss']; rec.mark(AFTER_LOSS)
                 if phase is Phase.TRAIN:
                     rec.mark(BEFORE_BACKWARD); clk.t += d['backward']; rec.mark(BEFORE_STEP)
@@ -156,17 +169,20 @@ def _runs(table) -> list:
 
 # %% ../nbs/03_insight.ipynb #1e767164
 def data_bound(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
-    "`draw` is at least `DATA_BOUND_SHARE` of the train loop's steady time"
+    "The loader's `wait` (or the whole `draw`, when it was not split) is at least `DATA_BOUND_SHARE` of the train loop's steady time"
     r = _rows(results)
     if 'draw' not in r or 'batch' not in r: return []
     draw, total, n = r['draw'], _step_total(r), int(r['draw']['Number of Calls'])
+    wait = r.get('wait', draw)  # the loader's own part of the draw; the copy and the transforms have their own rules
     share = float(draw['Total Time'])/total if total > 0 else 0.0
-    if share < DATA_BOUND_SHARE or draw['Mean Duration'] < DATA_BOUND_MIN_DRAW: return []
+    wait_share = float(wait['Total Time'])/total if total > 0 else 0.0
+    if wait_share < DATA_BOUND_SHARE or wait['Mean Duration'] < DATA_BOUND_MIN_DRAW: return []
     samples = float(draw['Samples/Second'])*float(draw['Total Time'])  # NaN when samples were not counted
-    sps, sps_free = samples/total, samples/(total - float(draw['Total Time']))
+    sps, sps_free = samples/total, samples/(total - float(wait['Total Time']))
     ev = dict(draw_share=share, draw_mean_s=float(draw['Mean Duration']), step_mean_s=total/n,
               samples_per_second=sps, samples_per_second_without_wait=sps_free)
-    verdict = f"the train loop waits for data {share:.0%} of the time ({_ms(ev['draw_mean_s'])} of {_ms(ev['step_mean_s'])} per batch)"
+    if 'wait' in r: ev.update(wait_share=wait_share, wait_mean_s=float(wait['Mean Duration']))
+    verdict = f"the train loop waits for data {wait_share:.0%} of the time ({_ms(float(wait['Mean Duration']))} of {_ms(ev['step_mean_s'])} per batch)"
     if not math.isnan(sps): verdict += f'; without the wait it would run at up to {sps_free:,.0f} samples/s instead of {sps:,.0f}'
     nw, tips = ctx.get('num_workers'), []
     cores = ctx.get('cpu_count') or os.cpu_count()
@@ -175,7 +191,7 @@ def data_bound(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
     if ctx.get('device') == 'cuda' and not ctx.get('pin_memory'): tips.append('`pin_memory=True`')
     if nw and ctx.get('loader') == 'torch' and not ctx.get('persistent_workers'): tips.append('`persistent_workers=True`')
     tips.append('move augmentation to the GPU (fastai `batch_tfms` instead of `item_tfms`) and make items cheaper to load (pre-resized, cached)')
-    sev = 'critical' if share >= DATA_BOUND_CRITICAL else 'warning'
+    sev = 'critical' if wait_share >= DATA_BOUND_CRITICAL else 'warning'
     tip = '; '.join(tips) + '.'
     return [Advice('data_bound', sev, ev, tip[0].upper() + tip[1:], verdict[0].upper() + verdict[1:] + '.')]
 
@@ -252,6 +268,40 @@ def heavy_callbacks(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> 
     verdict = f'Callbacks and logging after each batch take {_ms(other)}, {other/step:.0%} of a median train step.'
     return [Advice('heavy_callbacks', 'warning', ev, tip[0].upper() + tip[1:], verdict)]
 
+# %% ../nbs/03_insight.ipynb #29315705
+def slow_transfer(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
+    "`transfer` is at least `TRANSFER_SHARE` of the draw, `TRANSFER_MIN_SHARE` of the train loop and `TRANSFER_MIN` per batch"
+    r = _rows(results)
+    if not {'draw', 'transfer', 'batch'} <= r.keys(): return []
+    tr, draw, total = float(r['transfer']['Mean Duration']), float(r['draw']['Mean Duration']), _step_total(r)
+    of_draw = tr/draw if draw > 0 else 0.0
+    of_step = float(r['transfer']['Total Time'])/total if total > 0 else 0.0
+    if of_draw < TRANSFER_SHARE or of_step < TRANSFER_MIN_SHARE or tr < TRANSFER_MIN: return []
+    pinned = ctx.get('pin_memory')
+    ev = dict(transfer_mean_s=tr, draw_mean_s=draw, share_of_draw=of_draw, share_of_step=of_step, pin_memory=pinned)
+    tips = [] if pinned else ['pass `pin_memory=True` to the DataLoaders (pinned host memory copies faster)']
+    tips.append('make the copy non-blocking (`non_blocking=True` from pinned memory overlaps it with the previous batch\'s work)')
+    tips.append('send less: images as `uint8`, converted and normalised on the GPU (`IntToFloatTensor`, `Normalize` in `batch_tfms`)')
+    verdict = (f'Moving each batch to the device takes {_ms(tr)}, {of_draw:.0%} of the draw ({_ms(draw)}) and {of_step:.0%} of the train loop'
+               + (' (`pin_memory` is on)' if pinned else '') + '.')
+    tip = '; '.join(tips) + '.'
+    return [Advice('slow_transfer', 'warning', ev, tip[0].upper() + tip[1:], verdict)]
+
+# %% ../nbs/03_insight.ipynb #21ba4a34
+def heavy_transforms(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
+    "The batch `transforms` are at least `TFMS_SHARE` of the train loop and `TFMS_MIN` per batch"
+    r = _rows(results)
+    if not {'draw', 'transforms', 'batch'} <= r.keys(): return []
+    t, total = float(r['transforms']['Mean Duration']), _step_total(r)
+    share = float(r['transforms']['Total Time'])/total if total > 0 else 0.0
+    if share < TFMS_SHARE or t < TFMS_MIN: return []
+    ev = dict(transforms_mean_s=t, share_of_step=share, draw_mean_s=float(r['draw']['Mean Duration']))
+    tip = ('use fewer or cheaper batch augmentations (smaller `max_rotate`, `max_zoom`, `max_lighting`, no `max_warp`), or fastai\'s '
+           '`aug_transforms`, which composes its affine and lighting changes into one pass per batch')
+    tip += ('; they run on the CPU here: put the DataLoaders on the GPU (`dls.to(\'cuda\')`).' if ctx.get('device') == 'cpu' else '.')
+    verdict = f'The batch transforms (the DataLoader\'s `after_batch`) take {_ms(t)} per batch, {share:.0%} of the train loop.'
+    return [Advice('heavy_transforms', 'warning', ev, tip[0].upper() + tip[1:], verdict)]
+
 # %% ../nbs/03_insight.ipynb #772cf3ed
 _BATCH_STEPS = (Step.DRAW, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER)
 
@@ -303,7 +353,7 @@ def host_timing(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list
                    'Profile again with a device-synchronised clock (a `sync` mode other than \'none\') to see where the GPU spends its time.', verdict)]
 
 # %% ../nbs/03_insight.ipynb #c3ed9c9f
-RULES = [data_bound, startup, host_bound_opt_step, heavy_callbacks, unstable_steps, host_timing]
+RULES = [data_bound, slow_transfer, heavy_transforms, startup, host_bound_opt_step, heavy_callbacks, unstable_steps, host_timing]
 
 def advise(results:pd.DataFrame, # `learn.simple_profile_results`
            rec:TimingRecorder|None=None, # The profile's recorder, for per-batch rules

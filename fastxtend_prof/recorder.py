@@ -6,12 +6,12 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/recorder.html.md"""
 
 # %% auto #0
 __all__ = ['BEFORE_DRAW', 'BEFORE_BATCH', 'AFTER_PRED', 'AFTER_LOSS', 'BEFORE_BACKWARD', 'BEFORE_STEP', 'AFTER_STEP',
-           'PRE_AFTER_BATCH', 'POST_AFTER_BATCH', 'NEXT_DRAW', 'SAMPLES', 'FLAGS', 'N_SLOTS', 'NO_BACKWARD', 'NO_STEP',
-           'NO_ZERO_GRAD', 'TRACED', 'TRAIN_STEPS', 'VALID_STEPS', 'SUB_STEPS', 'TOP_STEPS', 'APART', 'SPANS',
-           'LOOP_STEPS', 'THROUGHPUT_STEPS', 'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step',
-           'BatchTable', 'SyncClock', 'is_set', 'TimingRecorder', 'FakeClock', 'traced_rows', 'phase_intervals',
-           'stats', 'StepSummary', 'fold', 'empty_runs', 'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder',
-           'device_view', 'make_recorder']
+           'PRE_AFTER_BATCH', 'POST_AFTER_BATCH', 'NEXT_DRAW', 'SAMPLES', 'FLAGS', 'AFTER_LOAD', 'BEFORE_TFMS',
+           'AFTER_TFMS', 'N_SLOTS', 'NO_BACKWARD', 'NO_STEP', 'NO_ZERO_GRAD', 'TRACED', 'TRAIN_STEPS', 'VALID_STEPS',
+           'SUB_STEPS', 'DRAW_STEPS', 'TOP_STEPS', 'APART', 'SPANS', 'LOOP_STEPS', 'THROUGHPUT_STEPS', 'STAT_COLS',
+           'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step', 'BatchTable', 'SyncClock', 'is_set',
+           'TimingRecorder', 'FakeClock', 'traced_rows', 'phase_intervals', 'stats', 'StepSummary', 'fold',
+           'empty_runs', 'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder']
 
 # %% ../nbs/00_recorder.ipynb #23875a1a
 import math, time
@@ -30,21 +30,23 @@ class Step(str, Enum):
     "Every row name a profile can hold"
     FIT='fit'; EPOCH='epoch'; TRAIN='train'; VALID='valid'; LOOP='loop'; ITERATION='iteration'
     DRAW='draw'; BATCH='batch'; OTHER='other'; WARMUP='warmup'; TRACE='trace'
+    WAIT='wait'; TRANSFER='transfer'; TRANSFORMS='transforms'
     FORWARD='forward'; PREDICT='predict'; LOSS='loss'; BACKWARD='backward'; OPT_STEP='opt_step'; ZERO_GRAD='zero_grad'
     def __str__(self): return self.value
 
 # %% ../nbs/00_recorder.ipynb #4460fb9e
-BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH, POST_AFTER_BATCH, NEXT_DRAW, SAMPLES, FLAGS = range(12)
-N_SLOTS = 12
+BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH, POST_AFTER_BATCH, NEXT_DRAW, SAMPLES, FLAGS, AFTER_LOAD, BEFORE_TFMS, AFTER_TFMS = range(15)
+N_SLOTS = 15
 NO_BACKWARD, NO_STEP, NO_ZERO_GRAD, TRACED = 1, 2, 4, 8
 _NAN = float('nan')
 
 # %% ../nbs/00_recorder.ipynb #3dcc9b58
-TRAIN_STEPS = (Step.DRAW, Step.BATCH, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER, Step.WARMUP, Step.TRACE)
-VALID_STEPS = (Step.DRAW, Step.BATCH, Step.PREDICT, Step.LOSS, Step.OTHER, Step.WARMUP, Step.TRACE)
+TRAIN_STEPS = (Step.DRAW, Step.WAIT, Step.TRANSFER, Step.TRANSFORMS, Step.BATCH, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER, Step.WARMUP, Step.TRACE)
+VALID_STEPS = (Step.DRAW, Step.WAIT, Step.TRANSFER, Step.TRANSFORMS, Step.BATCH, Step.PREDICT, Step.LOSS, Step.OTHER, Step.WARMUP, Step.TRACE)
 SUB_STEPS = {Step.FORWARD: (BEFORE_BATCH, AFTER_PRED, 0), Step.PREDICT: (BEFORE_BATCH, AFTER_PRED, 0), Step.LOSS: (AFTER_PRED, AFTER_LOSS, 0),
              Step.BACKWARD: (BEFORE_BACKWARD, BEFORE_STEP, NO_BACKWARD), Step.OPT_STEP: (BEFORE_STEP, AFTER_STEP, NO_STEP),
              Step.ZERO_GRAD: (AFTER_STEP, PRE_AFTER_BATCH, NO_ZERO_GRAD)}
+DRAW_STEPS = (Step.WAIT, Step.TRANSFER, Step.TRANSFORMS)  # inside `draw`: they partition it when the loop marked them
 TOP_STEPS = (Step.DRAW, Step.BATCH, Step.OTHER, Step.WARMUP, Step.TRACE)
 APART = (Step.WARMUP, Step.TRACE)  # rows that hold whole batches kept out of the per-step statistics
 SPANS = (Step.FIT, Step.EPOCH, Step.TRAIN, Step.VALID)
@@ -54,7 +56,15 @@ THROUGHPUT_STEPS = SPANS + (Step.ITERATION, Step.DRAW, Step.BATCH)  # the rows w
 # %% ../nbs/00_recorder.ipynb #d61fba80
 class BatchTable:
     "One phase's per-batch rows of marks in a typed array, plus the runs (one per epoch) they belong to"
-    def __init__(self, steps=None): self.data, self.runs, self.steps, self.offset, self.summaries = array('d'), [], steps, 0, None
+    def __init__(self, steps=None): self.data, self.runs, self.steps, self.offset, self.summaries, self.width = array('d'), [], steps, 0, None, N_SLOTS
+    def __setstate__(self, state):
+        "A table pickled before the draw was split (12 slots a row, no `width`) gets its rows widened, the draw's marks unset"
+        self.__dict__.update(state)
+        w = state.get('width', 12)
+        if w < N_SLOTS and self.data:
+            old = np.frombuffer(self.data, dtype=np.float64).reshape(-1, w)
+            self.data = array('d', np.hstack([old, np.full((len(old), N_SLOTS - w), np.nan)]).ravel().tobytes())
+        self.width = N_SLOTS
     @property
     def n(self): return self.offset + len(self.data)//N_SLOTS
     def matrix(self, last:int|None=None):
@@ -102,8 +112,9 @@ class TimingRecorder:
         self.spans = {s: array('d') for s in SPANS}
         self._open = {}  # span -> start time
         self._table, self._phase = None, None
-        self._blank = [_NAN]*(N_SLOTS-2) + [_NAN, 0.0]
+        self._blank = [0.0 if i == FLAGS else _NAN for i in range(N_SLOTS)]
         self._row, self._row_open, self._draw_t = list(self._blank), False, _NAN
+        self._sub = [_NAN]*3  # the open draw's AFTER_LOAD, BEFORE_TFMS, AFTER_TFMS: the open row is still the previous batch's
 
     def start(self, step:Step):
         "Start timing the span `step` (`fit` or `epoch`)"
@@ -124,6 +135,7 @@ class TimingRecorder:
         self._phase, self._table, self._open[Step(phase.value)] = phase, self.tables[phase], t
         self._table.runs.append([self._table.n, t, _NAN])
         self._row_open, self._draw_t = False, _NAN
+        self._sub[:] = (_NAN,)*3
 
     def end_phase(self, t:float|None=None):
         "End the current loop: close its last batch at `t` and record the phase's span"
@@ -144,8 +156,20 @@ class TimingRecorder:
         d, self._draw_t = self._draw_t, _NAN
         if d != d: d = t  # NaN (`not is_set(d)`, inlined on the hot path): no before_draw was seen, so count no draw time
         if self._row_open: self._close_row(d)
-        row = self._row
+        row, s = self._row, self._sub
         row[BEFORE_DRAW], row[BEFORE_BATCH], row[SAMPLES], self._row_open = d, t, samples, True
+        if s[0] == s[0]:  # the draw was split: store its marks with the batch
+            row[AFTER_LOAD], row[BEFORE_TFMS], row[AFTER_TFMS] = s
+            s[0] = s[1] = s[2] = _NAN
+
+    def draw_mark(self, slot:int) -> bool:
+        "Mark `slot` (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`) inside the open draw, the first time only; False if ignored"
+        if self._draw_t != self._draw_t: return False  # no draw open (NaN): a loader used outside the loop's draw
+        s, i = self._sub, slot - AFTER_LOAD
+        if s[i] == s[i]: return False  # marked already: the loop's `next` returns after a fastai loader's hand-over
+        t = s[i] = self.clock()
+        if i == 1 and s[0] != s[0]: s[0] = t  # transforms before any transfer: the hand-over is their start
+        return True
 
     def mark(self, slot:int):
         "Store the clock in `slot` of the current batch's row"
@@ -245,6 +269,9 @@ def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS, apart:bool=
         else:
             if s is Step.DRAW: d = m[:, BEFORE_BATCH] - m[:, BEFORE_DRAW]
             elif s is Step.BATCH: d = m[:, POST_AFTER_BATCH] - m[:, BEFORE_BATCH]
+            elif s is Step.WAIT: d = m[:, AFTER_LOAD] - m[:, BEFORE_DRAW]
+            elif s is Step.TRANSFORMS: d = m[:, AFTER_TFMS] - m[:, BEFORE_TFMS]
+            elif s is Step.TRANSFER: d = m[:, BEFORE_BATCH] - m[:, AFTER_LOAD] - np.nan_to_num(m[:, AFTER_TFMS] - m[:, BEFORE_TFMS])  # the rest of the draw
             elif s is Step.OTHER: d = m[:, NEXT_DRAW] - m[:, POST_AFTER_BATCH]; d += lead
             elif s is Step.ITERATION: d = m[:, NEXT_DRAW] - m[:, BEFORE_DRAW]; d += lead  # draw + batch + other
             else:
@@ -386,8 +413,8 @@ def _phase_stats(table:BatchTable, warmup:int, keep_raw:bool, samples_per_second
     return st, getattr(table, 'samples', 0.) if samples_per_second else _NAN
 
 def _action(step:Step) -> Step:
-    "The row a step belongs to: `batch` for its sub-steps, `loop` for the whole iteration, else the step itself"
-    return Step.BATCH if step in SUB_STEPS else Step.LOOP if step in LOOP_STEPS else step
+    "The row a step belongs to: `batch` or `draw` for their sub-steps, `loop` for the whole iteration, else the step itself"
+    return Step.BATCH if step in SUB_STEPS else Step.DRAW if step in DRAW_STEPS else Step.LOOP if step in LOOP_STEPS else step
 
 def summarize(rec:TimingRecorder, samples_per_second:bool=True) -> list:
     "Rows `(phase, action, step, stats)` of the profile recorded by `rec`"
@@ -404,7 +431,7 @@ def summarize(rec:TimingRecorder, samples_per_second:bool=True) -> list:
     for phase in (Phase.TRAIN, Phase.VALID):
         if rec.tables[phase].n == 0: continue
         for step, st in ph[phase][0].items():
-            if step is Step.TRACE and not st['Number of Calls']: continue  # no trace window: no row
+            if (step is Step.TRACE or step in DRAW_STEPS) and not st['Number of Calls']: continue  # no trace window, no split draw: no row
             if step not in THROUGHPUT_STEPS: st['Samples/Second'] = _NAN  # a sub-step's "samples/s" answers no question
             rows.append(_row(phase, _action(step), step, st, fit_total))
     return rows
@@ -464,7 +491,7 @@ class FakeDevice:
 class EventRecorder(TimingRecorder):
     "A `TimingRecorder` that also records a device event at every boundary through `timer` and resolves them lazily"
     _stateattrs = TimingRecorder._stateattrs + ('timer', '_record', '_bind', '_release', '_ev', '_pending', '_span_ev', '_run_ev',
-                                                '_draw_ev', '_end_ev', '_origin')
+                                                '_draw_ev', '_end_ev', '_origin', '_sub_ev')
     def __init__(self, timer, warmup:int=1, clock:Callable[[], float]=time.perf_counter, keep_raw:bool=True, chunk:int=4096,
                  resolve_every:int=64, # Closed batches between non-blocking resolutions of completed events
                 ):
@@ -475,6 +502,7 @@ class EventRecorder(TimingRecorder):
         self.device_spans = {s: array('d') for s in SPANS}
         self._ev, self._draw_ev, self._end_ev, self._origin = [None]*N_SLOTS, None, None, None
         self._pending, self._span_ev, self._run_ev = [], {}, None
+        self._sub_ev = [None]*3  # the events of `_sub`
 
     def start(self, step:Step):
         if self._origin is None and self._bind is not None: self._bind()
@@ -498,7 +526,7 @@ class EventRecorder(TimingRecorder):
         if self._origin is None: self._origin = ev
         if self._phase is not None: self.end_phase(None, ev)
         super().begin_phase(phase)
-        self._run_ev, self._draw_ev = ev, None
+        self._run_ev, self._draw_ev, self._sub_ev[:] = ev, None, (None,)*3
         self._pending.append(('run', phase, self.tables[phase].runs[-1][0], ev))
 
     def end_phase(self, t:float|None=None, ev=None):
@@ -520,6 +548,17 @@ class EventRecorder(TimingRecorder):
         self._end_ev = ev if d is None else d
         super().start_batch(samples)
         self._ev[BEFORE_DRAW], self._ev[BEFORE_BATCH] = self._end_ev, ev
+        s = self._sub_ev
+        if s[0] is not None:
+            self._ev[AFTER_LOAD], self._ev[BEFORE_TFMS], self._ev[AFTER_TFMS] = s
+            s[0] = s[1] = s[2] = None
+
+    def draw_mark(self, slot:int) -> bool:
+        if not super().draw_mark(slot): return False
+        s, i = self._sub_ev, slot - AFTER_LOAD
+        s[i] = e = self._record()
+        if i == 1 and s[0] is None: s[0] = e
+        return True
 
     def mark(self, slot:int):
         super().mark(slot)
@@ -564,7 +603,7 @@ class EventRecorder(TimingRecorder):
                 table = self.device[key]
                 table.data.extend(row)
                 if not self.keep_raw and len(table.data) >= self.chunk*N_SLOTS: fold(table, self.warmup)
-                if release is not None: release({id(e): e for e in a[:NEXT_DRAW] if e is not None}.values())  # NEXT_DRAW is the next row's
+                if release is not None: release({id(e): e for i, e in enumerate(a) if e is not None and i != NEXT_DRAW}.values())  # NEXT_DRAW is the next row's
         del self._pending[:done]
 
     def nbytes(self): return super().nbytes() + sum(tb.nbytes() for tb in self.device.values())

@@ -77,6 +77,7 @@ class FitSession:
         to = rec if self.trace is None else self.trace  # where the marks go: straight to the recorder, or through the observer
         self.start, self.stop, self.begin_phase, self.end_phase = to.start, to.stop, to.begin_phase, to.end_phase
         self.draw, self.start_batch, self.mark, self.end_batch, self.cancel, self.abort = to.draw, to.start_batch, to.mark, to.end_batch, to.cancel, to.abort
+        self.draw_mark = rec.draw_mark  # the marks inside a draw: straight to the recorder (a trace window does not need them)
 
     @property
     def trace_result(self) -> dict|None:
@@ -88,7 +89,7 @@ class _IdleSession:
     active = count = False
     rec = hub = trace = trace_result = None
     mode, note, pair, keep_open, fits, in_fit = 'none', '', (), False, 0, False
-    start = stop = begin_phase = end_phase = draw = start_batch = mark = end_batch = cancel = abort = staticmethod(noop)
+    start = stop = begin_phase = end_phase = draw = start_batch = mark = draw_mark = end_batch = cancel = abort = staticmethod(noop)
 
 IDLE = _IdleSession()
 
@@ -192,6 +193,9 @@ class SimpleProfilerCallback(_ProfilerPair):
     def before_train(self): self._session.begin_phase(Phase.TRAIN)
     def before_validate(self): self._session.begin_phase(Phase.VALID)
     def before_draw(self): self._session.draw()
+    def draw_marker(self):
+        "Where the loop sends the marks inside each draw (wait, transfer, transforms; see `events.split_draw`): the recorder, while recording"
+        return self._session.draw_mark if self._session.active else None
     def before_batch(self):
         s = self._session
         s.start_batch(_batch_size(self.learn)) if s.count else s.start_batch()

@@ -41,7 +41,7 @@ def trace_config(trace) -> dict|None:
 
 # %% ../nbs/04_trace.ipynb #28293eed
 RANGE_NAMES = {(p, s): f'{p}/{s}' for p, steps in ((Phase.TRAIN, TRAIN_STEPS), (Phase.VALID, VALID_STEPS))
-               for s in steps if s is not Step.BATCH and s not in APART}
+               for s in steps if s is not Step.BATCH and s not in APART and s not in DRAW_STEPS}  # the draw is one range
 
 _OP_COLS = (('Self CPU', 'self_cpu_time_total'), ('CPU Total', 'cpu_time_total'),
             ('Self Device', 'self_device_time_total'), ('Device Total', 'device_time_total'))

@@ -6,7 +6,7 @@ from fastai.callback.core import Callback, CancelStepException
 from fastai.callback.progress import *  # noqa: F403  (`learn.no_bar()`)
 import fastxtend_prof.simpleprofiler  # noqa: F401  (adds Learner.profile)
 from fastxtend_prof.recorder import Phase
-from fastxtend_prof.plots import timeline_frame, plot_profile, plot_timeline, save_plots, SEGMENTS, BETWEEN
+from fastxtend_prof.plots import timeline_frame, plot_profile, plot_timeline, save_plots, SEGMENTS, BETWEEN, DRAW_PARTS, segment_names
 from matplotlib.patches import StepPatch
 import matplotlib.pyplot as plt
 
@@ -31,7 +31,9 @@ def test_breakdown_bars_are_the_results(learn):
     fig, t = learn.plot_profile(), totals(learn)
     ax, w = fig.axes[0], bar_widths(fig)
     for phase in ('train', 'valid'):
-        segs = [s for s in SEGMENTS[Phase(phase)]]
+        segs = segment_names({s: v for (p, s), v in t.items() if p == phase}, phase)
+        assert segs[:3] == list(DRAW_PARTS)  # a split draw: its parts in place of `draw`
+        assert sum(w[f'{phase}:{s}'] for s in DRAW_PARTS) == pytest.approx(t[(phase, 'draw')], abs=1e-12)
         assert [g for g in w if g.startswith(phase + ':')] == [f'{phase}:{s}' for s in segs]
         for s in segs:
             if s != BETWEEN: assert w[f'{phase}:{s}'] == pytest.approx(t[(phase, s)], abs=1e-12)
@@ -49,10 +51,10 @@ def test_breakdown_bars_are_the_results(learn):
     patches = {p.get_gid(): p.get_window_extent() for p in ax.patches if p.get_gid()}
     labels = [(patches[x.get_gid()], x.get_window_extent()) for x in ax.texts if x.get_gid() in patches]
     assert labels and all(seg.x0 < lab.x0 and lab.x1 < seg.x1 for seg, lab in labels)
-    big = max((s for s in SEGMENTS[Phase.TRAIN]), key=lambda s: w[f'train:{s}'])
+    big = max((s for s in DRAW_PARTS + SEGMENTS[Phase.TRAIN][1:]), key=lambda s: w[f'train:{s}'])
     assert f"{100*w[f'train:{big}']/t[('fit', 'train')]:.0f}%" in texts
     legend = [x.get_text() for x in ax.get_legend().get_texts()]
-    assert legend == ['draw', 'forward / predict', 'loss', 'backward', 'opt_step', 'zero_grad', BETWEEN, 'other', 'warmup']
+    assert legend == [*DRAW_PARTS, 'forward / predict', 'loss', 'backward', 'opt_step', 'zero_grad', BETWEEN, 'other', 'warmup']
     assert [x.get_text() for x in ax.get_yticklabels()] == ['train', 'valid']
 
 def test_timeline_series_are_the_batches(learn):

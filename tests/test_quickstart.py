@@ -33,4 +33,4 @@ def test_quick_start_script(tmp_path):
     assert max(len(l) for l in table) <= 120   # no terminal: the report fits 120 columns
     assert lines[-1] == 'True'
     res = pd.read_csv(out)
-    assert len(res) == 21 and list(res.columns[:3]) == ['Phase', 'Action', 'Step']
+    assert len(res) == 27 and list(res.columns[:3]) == ['Phase', 'Action', 'Step']   # 21, and the draw's 3 parts in train and valid

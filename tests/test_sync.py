@@ -48,7 +48,8 @@ def test_cpu_falls_back_to_host_clock_and_says_so(capsys):
     assert learn.simple_profile_sync == 'none'
     assert "sync='none': sync='events' needs an accelerator" in capsys.readouterr().out
 
-def test_raw_rows_stay_under_100_bytes_per_batch():
+def test_raw_rows_stay_at_120_bytes_per_batch():
+    "15 float64 slots a batch: the 12 of the batch's boundaries, samples and flags, and 3 that split its draw"
     rec = TimingRecorder()
     rec.start(Step.FIT); rec.start(Step.EPOCH); rec.begin_phase(Phase.TRAIN)
     for _ in range(100_000):
@@ -56,9 +57,9 @@ def test_raw_rows_stay_under_100_bytes_per_batch():
         for slot in (AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH): rec.mark(slot)
         rec.end_batch(16)
     rec.end_phase(); rec.stop(Step.EPOCH); rec.stop(Step.FIT)
-    assert rec.nbytes()/100_000 <= 100
+    assert rec.nbytes()/100_000 <= 120
     tbl = rec.tables[Phase.TRAIN]
-    assert tbl.data.itemsize*len(tbl.data) == 96*100_000 and len(tbl.runs) == 1
+    assert tbl.data.itemsize*len(tbl.data) == 120*100_000 and len(tbl.runs) == 1
 
 def test_summaries_stay_constant_size_for_a_million_batches():
     rec = TimingRecorder(keep_raw=False)
@@ -113,7 +114,7 @@ def event_timer(clock=time.perf_counter):
     return timer, lookups, streams
 
 def test_events_mode_records_cheaply_through_a_fit(monkeypatch):
-    "Per batch: no stream lookup, 8 records (train) from a bounded pool, each on the loop's stream; device times match the host's"
+    "Per batch: no stream lookup, 10 records (train) from a bounded pool, each on the loop's stream; device times match the host's"
     timer, lookups, streams = event_timer()
     monkeypatch.setattr(simpleprofiler, 'make_recorder', functools.partial(make_recorder, timer=timer))
     n_trn, n_val, epochs = 200, 20, 2
@@ -125,8 +126,10 @@ def test_events_mode_records_cheaply_through_a_fit(monkeypatch):
     per_loop = [s for s in streams if s != 'stream 1']
     assert per_loop == sorted(per_loop, key=lambda s: int(s.split()[1]))   # each loop records on the stream bound at its start
     records = len(streams)
-    assert epochs*(8*n_trn + 6*n_val) <= records <= epochs*(8*n_trn + 6*n_val) + 30   # train 8, valid 6 a batch, a few per loop
-    assert timer.created <= 8*(64 + 8)    # reused from the pool: about one resolve window's worth, not one per record
+    # train 8, valid 6 a batch, a few per loop; and 2 inside the draw of synth_learner's TfmdDL (no device: its `after_batch`
+    # starts and ends; the hand-over is the transforms' start, one event for both)
+    assert epochs*(10*n_trn + 8*n_val) <= records <= epochs*(10*n_trn + 8*n_val) + 30
+    assert timer.created <= 10*(64 + 8)   # reused from the pool: about one resolve window's worth (10 a row), not one per record
     res = learn.simple_profile_results.set_index(['Phase', 'Step'])
     for step in ('forward', 'loss', 'backward', 'opt_step'):   # events stamp the host clock here: the two views agree
         assert res.loc[('train', step), 'Total Time'] == pytest.approx(res.loc[('train', step), 'Host Total Time'], rel=0.2, abs=2e-4)

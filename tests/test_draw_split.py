@@ -1,0 +1,208 @@
+"""The draw's split (issue 16): `wait`, `transfer` and `transforms`, measured against known busy-waits, for both kinds of loader.
+
+Like test_accuracy, each configuration is profiled twice, with every wait at zero (the baseline: fastai's own work in
+each sub-step) and with the waits in force; each sub-step's median must grow by its wait, within 5% or 0.75 ms.
+The waits are injected where the real costs live:
+- `wait`: the loader's collate function spins `wait` per batch (one spin: after each spin the code that follows runs on
+  cold caches for a while, real time that per-item spins would multiply);
+- `transfer`: the batch's input is a `SlowTensor`, whose `.to()` (what fastai's `to_device` calls, in the loader or in
+  `Learner._set_device`) spins `transfer` and returns a `MovedTensor`, as a copy to the device takes its time inside the
+  move and hands over a tensor of the device: the Learner's second `to_device` of a fastai loader's batch finds it there;
+- `transforms`: a fastai `Transform` in the loader's `after_batch` spins `transforms`.
+Both kinds: a fastai `TfmdDL` with a device (the loader moves the batch, then transforms it) and torch `DataLoader`s in
+fastai `DataLoaders` (the Learner moves the batch; no transforms, so no `transforms` row)."""
+import functools
+import pytest, torch
+from torch import nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader as TorchDL, default_collate
+from fasttransform import Transform
+from fastai.data.core import DataLoaders
+from fastai.data.load import fa_collate
+from fastai.learner import Learner
+from fastai.optimizer import SGD
+from fastai.callback.progress import ProgressCallback
+import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
+from fastxtend_prof import simpleprofiler
+from fastxtend_prof.recorder import make_recorder
+from conftest import row, busy, MirrorTimer
+
+WAITS = dict(wait=0.012, transfer=0.008, transforms=0.010)
+T = dict.fromkeys(WAITS, 0.)  # the waits in force
+N_TRAIN, N_VALID, BS, EPOCHS = 12, 10, 8, 2
+SUB = ('wait', 'transfer', 'transforms')
+
+class MovedTensor(torch.Tensor):
+    "A tensor that has arrived on the device: moving it there again is torch's no-op"
+
+class SlowTensor(torch.Tensor):
+    "A batch on the host whose move to the device takes exactly `T['transfer']`; what arrives is a `MovedTensor`"
+    def to(self, *args, **kwargs):
+        busy(T['transfer'])
+        return self.as_subclass(MovedTensor).to(*args, **kwargs)  # not a SlowTensor: fastai's `retain_type` keeps it a MovedTensor
+
+def items(n):
+    "`n` pairs `(x, y)` whose `x` is a `SlowTensor`"
+    x = torch.randn(n)
+    return list(zip(x.as_subclass(SlowTensor), 2*x + 1))
+
+def slow_collate(collate):
+    "`collate` taking `T['wait']` longer: the loader's work on a batch (reading, decoding, collating)"
+    def _inner(b):
+        busy(T['wait'])
+        return collate(b)
+    return _inner
+
+class SlowTfm(Transform):
+    "A batch transform (`after_batch`) that takes `T['transforms']`"
+    order = 10
+    def encodes(self, x:torch.Tensor): return x
+    def __call__(self, b, **kwargs):
+        busy(T['transforms'])
+        return super().__call__(b, **kwargs)
+
+class Model(nn.Module):
+    def __init__(self): super().__init__(); self.lin = nn.Linear(1, 1)
+    def forward(self, x): return self.lin(x.view(-1, 1)).view(-1)
+
+def make_dls(kind):
+    tr, va = items(BS*N_TRAIN), items(BS*N_VALID)
+    if kind == 'fastai':
+        return DataLoaders.from_dsets(tr, va, bs=BS, shuffle=False, num_workers=0, device=torch.device('cpu'), after_batch=[SlowTfm()],
+                                      create_batch=slow_collate(fa_collate))
+    return DataLoaders(*(TorchDL(ds, batch_size=BS, num_workers=0, collate_fn=slow_collate(default_collate)) for ds in (tr, va)))
+
+def profiled_fit(waits, kind, mode):
+    "Profile a fit with `waits` in force on loaders of `kind`, timed the `mode` way (injected through the recorder seam on a CPU)"
+    T.update(waits)
+    seam = {'none': {}, 'events': dict(timer=MirrorTimer())}[mode]
+    try:
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(simpleprofiler, 'make_recorder', functools.partial(make_recorder, **seam))
+            learn = Learner(make_dls(kind), Model(), loss_func=F.mse_loss, opt_func=SGD, lr=1e-3)
+            learn.remove_cb(ProgressCallback)
+            learn.profile(show_report=False, sync=mode)
+            with learn.no_logging(): learn.fit(EPOCHS)
+    finally: T.update(dict.fromkeys(WAITS, 0.))
+    assert learn.simple_profile_sync == mode
+    return learn.simple_profile_results
+
+def tolerance(expected): return max(0.05*expected, 0.00075)
+
+@pytest.fixture(scope='module', params=[('fastai', 'none'), ('torch', 'none'), ('fastai', 'events'), ('torch', 'events')], ids='-'.join)
+def config(request): return request.param
+
+@pytest.fixture(scope='module')
+def baseline(config):
+    torch.set_num_threads(1)
+    return profiled_fit({}, *config)
+
+@pytest.fixture(scope='module')
+def results(baseline, config): return profiled_fit(WAITS, *config)
+
+@pytest.mark.parametrize('phase', ['train', 'valid'])
+@pytest.mark.parametrize('step', SUB)
+def test_sub_step_medians(config, baseline, results, phase, step):
+    "Each sub-step's median grows by its known wait (a torch loader has no transforms: no row, and its waits are not injected)"
+    kind, mode = config
+    if kind == 'torch' and step == 'transforms':
+        assert not ((results.Phase == phase) & (results.Step == 'transforms')).any()
+        return
+    r, base = row(results, phase, step), row(baseline, phase, step)
+    added = {c: r[c] - base[c] for c in ('Median Duration', 'Mean Duration')}
+    print(f'{kind:6} sync={mode:6} {phase:5} {step:10} injected {WAITS[step]*1e3:6.3f} ms  median added {added["Median Duration"]*1e3:6.3f} ms'
+          f'  mean added {added["Mean Duration"]*1e3:6.3f} ms')
+    assert r['Action'] == 'draw'
+    assert abs(added['Median Duration'] - WAITS[step]) <= tolerance(WAITS[step])
+    assert -tolerance(WAITS[step]) <= added['Mean Duration'] - WAITS[step] <= 0.25*WAITS[step]
+    assert r['Number of Calls'] == EPOCHS*((N_TRAIN if phase == 'train' else N_VALID) - 1)
+
+@pytest.mark.parametrize('phase', ['train', 'valid'])
+def test_sub_steps_add_up_to_draw(config, baseline, results, phase):
+    "wait + transfer + transforms is the draw, mean and total, with and without the waits; the draw grows by all of them"
+    for r in (baseline, results):
+        parts = r[(r.Phase == phase) & (r.Action == 'draw') & (r.Step != 'draw')]
+        assert set(parts.Step) == (set(SUB) if config[0] == 'fastai' else {'wait', 'transfer'})
+        for c in ('Mean Duration', 'Total Time'): assert parts[c].sum() == pytest.approx(row(r, phase, 'draw')[c], rel=1e-9, abs=1e-12)
+    parts = SUB if config[0] == 'fastai' else SUB[:2]
+    added = row(results, phase, 'draw')['Median Duration'] - row(baseline, phase, 'draw')['Median Duration']
+    assert abs(added - sum(WAITS[s] for s in parts)) <= sum(tolerance(WAITS[s]) for s in parts)  # each part's own room
+
+def test_nothing_left_wrapped(config):
+    "After the fits, fastai's `to_device` and the loaders' `after_batch` are their own again"
+    import fastai.data.load as load
+    from fastai.torch_core import to_device
+    assert load.to_device is to_device
+
+# ------------------------------------------------------------------------------------------ the rows everywhere else
+def quick_fit(tmp_path, **kwargs):
+    "A short profiled fit on the fastai kind, nothing injected, writing CSV and JSON to `tmp_path`"
+    learn = Learner(make_dls('fastai'), Model(), loss_func=F.mse_loss, opt_func=SGD, lr=1e-3, path=tmp_path)
+    learn.remove_cb(ProgressCallback)
+    learn.profile(show_report=False, save_csv=True, save_json=True, **kwargs)
+    with learn.no_logging(): learn.fit(1)
+    return learn
+
+def test_exports_and_summaries_keep_the_split(tmp_path):
+    "The CSV and JSON hold the draw's parts; `keep_raw=False` summaries give the same calls and totals; a comparison compares them"
+    import pandas as pd
+    from fastxtend_prof.report import load_json
+    from fastxtend_prof.compare import compare_profiles
+    learn = quick_fit(tmp_path)
+    res = learn.simple_profile_results
+    keys = lambda df: set(zip(df.Phase, df.Action, df.Step))
+    assert {(p, 'draw', s) for p in ('train', 'valid') for s in SUB} <= keys(res)
+    csv = pd.read_csv(tmp_path/'simple_profile.csv')
+    assert keys(csv) == keys(res)
+    back, _ = load_json(tmp_path/'simple_profile.json')
+    assert keys(back) == keys(res)
+    lean = quick_fit(tmp_path/'lean', keep_raw=False).simple_profile_results
+    for p in ('train', 'valid'):
+        for s in SUB: assert row(lean, p, s)['Number of Calls'] == row(res, p, s)['Number of Calls']
+        parts = lean[(lean.Phase == p) & (lean.Action == 'draw') & (lean.Step != 'draw')]
+        assert parts['Total Time'].sum() == pytest.approx(row(lean, p, 'draw')['Total Time'], rel=1e-9)
+    cmp = compare_profiles(tmp_path/'simple_profile.json', tmp_path/'lean'/'simple_profile.json')
+    assert {('train', s) for s in SUB} <= set(zip(cmp.Phase, cmp.Step))
+
+def test_ranks_merge_the_split():
+    "Two ranks' results merge into one table with the draw's parts, which still add up to the draw"
+    from fastxtend_prof.distributed import rank_table, merge_ranks
+    res = profiled_fit({}, 'torch', 'none')
+    merged = merge_ranks(rank_table({0: res, 1: res}))
+    for p in ('train', 'valid'):
+        parts = merged[(merged.Phase == p) & (merged.Action == 'draw') & (merged.Step != 'draw')]
+        assert set(parts.Step) == {'wait', 'transfer'}
+        assert parts['Mean Duration'].sum() == pytest.approx(row(merged, p, 'draw')['Mean Duration'], rel=1e-9)
+
+def test_unprofiled_fit_wraps_nothing():
+    "Without a profiler fastai runs its own loop: no `to_device` or `after_batch` of ours while it trains"
+    import fastai.data.load as load
+    from fastai.torch_core import to_device
+    from fastai.callback.core import Callback
+    from fastxtend_prof.events import TimedTransforms
+    seen = []
+    class Look(Callback):
+        def before_batch(self): seen.append((load.to_device is to_device, isinstance(self.learn.dl.after_batch, TimedTransforms)))
+    learn = Learner(make_dls('fastai'), Model(), loss_func=F.mse_loss, opt_func=SGD, lr=1e-3, cbs=Look())
+    learn.remove_cb(ProgressCallback)
+    with learn.no_logging(): learn.fit(1)
+    assert seen and set(seen) == {(True, False)}
+
+class Batches:
+    "A loader of neither kind: a plain iterable of ready batches"
+    def __init__(self, dl): self.batches = list(dl)
+    def __len__(self): return len(self.batches)
+    def __iter__(self): return iter(self.batches)
+
+def test_other_loaders_get_wait_and_transfer():
+    "A loader that is neither a fastai nor a torch DataLoader: the loop still marks the hand-over; no transforms row"
+    dls = make_dls('torch')
+    dls.loaders = [Batches(dls.train), Batches(dls.valid)]
+    learn = Learner(dls, Model(), loss_func=F.mse_loss, opt_func=SGD, lr=1e-3)
+    learn.remove_cb(ProgressCallback)
+    learn.profile(show_report=False)
+    with learn.no_logging(): learn.fit(1)
+    res = learn.simple_profile_results
+    parts = res[(res.Phase == 'train') & (res.Action == 'draw') & (res.Step != 'draw')]
+    assert set(parts.Step) == {'wait', 'transfer'}
+    assert parts['Mean Duration'].sum() == pytest.approx(row(res, 'train', 'draw')['Mean Duration'], rel=1e-9)
