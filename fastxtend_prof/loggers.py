@@ -116,11 +116,13 @@ def check_log_every(log_every:int=10) -> int:
 
 # %% ../nbs/06_loggers.ipynb #f1e1046b
 def summary_values(results:pd.DataFrame) -> dict:
-    "`profile/{phase}/{step}_mean_s` and `..._samples_per_s` for every row of `results`, NaN left out"
+    "`profile/{phase}/{step}_mean_s`, `..._samples_per_s` and, when memory was tracked, `..._peak_memory_bytes` for every row of `results`, NaN left out"
     out = {}
-    for p, s, m, sps in zip(results.Phase, results.Step, results['Mean Duration'], results['Samples/Second']):
+    peaks = results['Peak Memory'] if 'Peak Memory' in results else [math.nan]*len(results)
+    for p, s, m, sps, peak in zip(results.Phase, results.Step, results['Mean Duration'], results['Samples/Second'], peaks):
         if not math.isnan(m): out[f'profile/{p}/{s}_mean_s'] = float(m)
         if not math.isnan(sps): out[f'profile/{p}/{s}_samples_per_s'] = float(sps)
+        if not math.isnan(peak): out[f'profile/{p}/{s}_peak_memory_bytes'] = float(peak)
     return out
 
 # %% ../nbs/06_loggers.ipynb #adadbb9e
