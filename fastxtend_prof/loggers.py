@@ -16,6 +16,7 @@ from typing import Callable, NamedTuple
 import numpy as np, pandas as pd
 from .recorder import *
 from .report import report_markdown
+from .memory import memory_text
 from .distributed import dist_info
 
 # %% ../nbs/06_loggers.ipynb #980c59ee
@@ -168,7 +169,7 @@ class WandbLogger(Logger):
 
 # %% ../nbs/06_loggers.ipynb #d36c5040
 class TensorBoardLogger(Logger):
-    "Live values at `TensorBoardCallback`'s step (`learn.train_iter`); after fit the report as markdown text"
+    "Live values at `TensorBoardCallback`'s step (`learn.train_iter`); after fit the report (and memory, when tracked) as markdown text"
     cb_name = 'tensor_board'
     def live(self, learn, values):
         w, step = self.cb.writer, learn.train_iter
@@ -179,6 +180,8 @@ class TensorBoardLogger(Logger):
         if w is None: return  # TensorBoardCallback did not run (another rank, or it was never set up)
         closed = w.all_writers is None
         w.add_text('simple_profile_report', f'**Simple Profiler report**\n\n{report_markdown(report)}', learn.train_iter)
+        r = learn.__dict__.get('profile_result')
+        if r is not None and r.memory is not None: w.add_text('simple_profile_memory', f'```\n{memory_text(r.memory)}\n```', learn.train_iter)
         w.close() if closed else w.flush()
 
 # %% ../nbs/06_loggers.ipynb #fc1510a2

@@ -134,3 +134,15 @@ def test_bad_options_fail_at_profile(kw, msg):
 
 def test_memory_stats_of_an_empty_profile():
     assert memory_stats(None).empty
+
+def test_tensorboard_gets_the_memory_block(fake, tmp_path):
+    pytest.importorskip('tensorboard')
+    from fastai.callback.tensorboard import TensorBoardCallback
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    learn = learner(fake)
+    learn.add_cb(TensorBoardCallback(log_dir=str(tmp_path), trace_model=False, log_preds=False))
+    fit(learn, logger_callback='tensorboard')
+    ea = EventAccumulator(str(tmp_path), size_guidance={'tensors': 0})
+    ea.Reload()
+    (text,) = ea.Tensors('simple_profile_memory/text_summary')
+    assert 'Memory on cpu (fake accelerator): fit peak 216 KiB' in text.tensor_proto.string_val[0].decode()
