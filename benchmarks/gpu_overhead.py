@@ -2,8 +2,9 @@
 
 Two workloads: `mlp`, a small MLP fed from host memory by fastai's usual loader, where a fast GPU waits on the host
 and per-boundary host costs show; and `cnn`, a 3-conv CNN on batches already on the GPU, where the device sets the
-pace. Configurations: `none` (no profiler), fastxtend_prof with `sync='none'` (`host`), `'events'` and `'device'`, and
-fastxtend 0.1.7 if installed. Each (workload, configuration) lives in its own process (fastxtend patches fastai
+pace. Configurations: `none` (no profiler), fastxtend_prof with `sync='none'` (`host`), `'events'` and `'device'` (memory
+tracking off), `'events'` with memory tracking on one batch in 10 (`events+mem`, the default on a GPU) and on every
+batch (`events+mem1`), and fastxtend 0.1.7 if installed. Each (workload, configuration) lives in its own process (fastxtend patches fastai
 globally, so it can't share one). The parent interleaves the repeats: each round asks every configuration of a
 workload, in rotating order, for one timed fit, so slow drifts hit all alike. The table shows medians over rounds:
 ms per batch of fastai's epoch loop, and each configuration's time over `none`'s in the same round, for that loop
@@ -15,7 +16,9 @@ ms per batch of fastai's epoch loop, and each configuration's time over `none`'s
 """
 import argparse, json, os, statistics, subprocess, sys, tempfile, time
 
-CONFIGS = ('none', 'host', 'events', 'device', 'fastxtend')
+CONFIGS = ('none', 'host', 'events', 'device', 'events+mem', 'events+mem1', 'fastxtend')
+OURS = {'host': dict(sync='none'), 'events': dict(sync='events'), 'device': dict(sync='device'),  # timing alone, memory off
+        'events+mem': dict(sync='events', memory=True), 'events+mem1': dict(sync='events', memory=True, memory_every=1)}  # memory: 1 batch in 10, every batch
 WORKLOADS = ('mlp', 'cnn')
 # batch size, train and valid batches per fit, image side
 SIZES = {'mlp': dict(bs=64, n=500, nv=50), 'cnn': dict(bs=256, n=40, nv=8, hw=64)}
@@ -28,7 +31,7 @@ def make_learner(workload, config, dev, s):
     from fastai.data.core import DataLoaders
     from fastai.data.load import DataLoader
     from fastai.callback.progress import ProgressCallback
-    if config in ('host', 'events', 'device'): import fastxtend_prof.all  # noqa: F401
+    if config in OURS: import fastxtend_prof.all  # noqa: F401
     bs = s['bs']
     if workload == 'mlp':
         ds = lambda n: torch.utils.data.TensorDataset(torch.randn(n*bs, 256), torch.randint(0, 10, (n*bs,)))
@@ -53,8 +56,8 @@ def make_learner(workload, config, dev, s):
 
 def attach(learn, config):
     "Attach the profiler for the next fit (both profilers remove themselves after each fit)"
-    if config in ('host', 'events', 'device'):
-        learn.profile(sync='none' if config == 'host' else config, show_report=False, logger_callback=None)
+    if config in OURS:
+        learn.profile(**{'memory': False, **OURS[config]}, show_report=False, logger_callback=None)
     elif config == 'fastxtend':
         from fastxtend.callback.profiler import ProfileMode
         learn.profile(mode=ProfileMode.Simple, show_report=False)
@@ -147,9 +150,9 @@ def main():
         s = sizes[w]
         print(f'{w}: {s["n"]} train + {s["nv"]} valid batches of {s["bs"]}' + (f' {s["hw"]}×{s["hw"]} images' if 'hw' in s else '')
               + ' per fit' + ('' if a.smoke else ', data ' + ('on the GPU' if w == 'cnn' else 'in host memory')))
-    print(f'{"":<16}' + ''.join(f'{c:>11}' for c in configs))
+    print(f'{"":<16}' + ''.join(f'{c:>13}' for c in configs))
     for w, t in results.items():
-        cell = lambda c, f: f'{f(c):>11.3f}' if c in t else f'{"failed":>11}'
+        cell = lambda c, f: f'{f(c):>13.3f}' if c in t else f'{"failed":>13}'
         print(f'{w + " ms/batch":<16}' + ''.join(cell(c, lambda c: statistics.median(x[0] for x in t[c])/1e3) for c in configs))
         if 'none' not in t: continue
         for i, what in ((0, 'loop'), (1, 'fit')):

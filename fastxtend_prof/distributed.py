@@ -56,7 +56,7 @@ def _pool(g:pd.DataFrame, extra:list) -> dict:
             **{c: per_call(c) for c in ('Median Duration', 'P90 Duration', 'P99 Duration')},
             'Max Duration': g['Max Duration'].max(), 'Number of Calls': int(N),
             'Samples/Second': samples/total if total > 0 else math.nan, 'Total Time': total,
-            **{c: float(g[c].mean()) if 'Total' in c else per_call(c) for c in extra},
+            **{c: float(g[c].mean()) if 'Total' in c else float(g[c].max()) if c.startswith('Peak') else per_call(c) for c in extra},
             'Rank Min': lo, 'Rank Max': hi,
             'Slowest Rank': int(g['Rank'].iloc[int(np.argmax(means.fillna(-np.inf)))]) if hi > lo*(1 + 1e-9) else pd.NA}
 

@@ -8,9 +8,10 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/insight.html.md"""
 __all__ = ['SEVERITIES', 'DATA_BOUND_SHARE', 'DATA_BOUND_CRITICAL', 'DATA_BOUND_MIN_DRAW', 'STARTUP_RATIO', 'STARTUP_MIN_SHARE',
            'OPT_STEP_RATIO', 'OPT_STEP_MIN_SHARE', 'OPT_STEP_MIN', 'OTHER_SHARE', 'OTHER_MIN', 'UNSTABLE_RATIO',
            'UNSTABLE_MIN_SHARE', 'UNSTABLE_MIN_BATCHES', 'TRANSFER_SHARE', 'TRANSFER_MIN_SHARE', 'TRANSFER_MIN',
-           'TFMS_SHARE', 'TFMS_MIN', 'RULES', 'Advice', 'synthetic_run', 'run_context', 'data_bound', 'startup',
-           'host_bound_opt_step', 'heavy_callbacks', 'slow_transfer', 'heavy_transforms', 'unstable_steps',
-           'host_timing', 'advise', 'show_advice', 'learner_advice']
+           'TFMS_SHARE', 'TFMS_MIN', 'MEMORY_ROOM', 'MEMORY_NEAR', 'RULES', 'Advice', 'synthetic_run', 'run_context',
+           'data_bound', 'startup', 'host_bound_opt_step', 'heavy_callbacks', 'slow_transfer', 'heavy_transforms',
+           'unstable_steps', 'host_timing', 'memory_near_capacity', 'memory_headroom', 'advise', 'show_advice',
+           'learner_advice']
 
 # %% ../nbs/03_insight.ipynb #db59b276
 import math, os, textwrap, warnings
@@ -19,6 +20,7 @@ import numpy as np, pandas as pd, torch
 from .recorder import *
 from .report import format_duration, results_frame, text_width
 from .events import train_device
+from .memory import format_bytes, batch_estimate, MEMORY_TARGET
 
 # %% ../nbs/03_insight.ipynb #2e7b40f4
 SEVERITIES = ('critical', 'warning', 'info')
@@ -352,8 +354,53 @@ def host_timing(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list
     return [Advice('host_timing', 'info', dict(device=dev, sync=sync),
                    'Profile again with a device-synchronised clock (a `sync` mode other than \'none\') to see where the GPU spends its time.', verdict)]
 
+# %% ../nbs/03_insight.ipynb #9052fb0a
+MEMORY_ROOM = 0.5  # a fit peak below this share of the device's memory leaves room for a larger batch
+MEMORY_NEAR = 0.9  # ... at or above it, the fit is close to running out
+
+_PEAK_HINTS = {
+    'forward': "the forward's activations: mixed precision (`learn.to_fp16()`) halves them; activation checkpointing (`torch.utils.checkpoint`) trades them for compute",
+    'loss': 'the loss on large outputs: compute it in chunks, or under mixed precision (`learn.to_fp16()`)',
+    'backward': 'the backward holds the activations and the gradients at once: mixed precision (`learn.to_fp16()`), activation checkpointing, or a smaller batch with `GradientAccumulation`',
+    'opt_step': "the optimizer's state and temporaries: a lighter optimizer (SGD with momentum keeps one buffer, Adam two), or fewer parameters trained at once (`learn.freeze()`)",
+    'zero_grad': 'gradients kept between batches: `zero_grad(set_to_none=True)` frees them',
+    'draw': 'the batch itself on the device, and its batch transforms: a smaller batch or lighter GPU augmentations',
+    'other': 'something a callback or the loop keeps between batches (predictions, losses, metrics on the device)'}
+
+def _memory_rows(results:pd.DataFrame) -> pd.DataFrame:
+    "The train steps of `results` with a peak"
+    if 'Peak Memory' not in results: return results.iloc[:0]
+    return results[(results.Phase == 'train') & results.Step.isin(list(_PEAK_HINTS)) & results['Peak Memory'].notna()]
+
+def memory_near_capacity(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
+    "The fit's memory peak is at least `MEMORY_NEAR` of the device's: which step peaks, and what usually helps"
+    prof = getattr(rec, 'memory', None)
+    if prof is None or not prof.capacity or prof.fit_peak < MEMORY_NEAR*prof.capacity: return []
+    rows = _memory_rows(results)
+    step = str(rows.Step.iloc[int(np.argmax(rows['Peak Memory'].to_numpy()))]) if len(rows) else None
+    ev = dict(peak_bytes=prof.fit_peak, capacity_bytes=prof.capacity, share=prof.fit_peak/prof.capacity, step=step)
+    where = f', at its highest in train {step}' if step else ''
+    verdict = f'The fit peaked at {format_bytes(prof.fit_peak)} of the {format_bytes(prof.capacity)} on {prof.device} ({ev["share"]:.0%}){where}: close to running out of memory.'
+    tip = (_PEAK_HINTS[step][0].upper() + _PEAK_HINTS[step][1:] + '.') if step else 'Mixed precision (`learn.to_fp16()`), gradient accumulation or activation checkpointing.'
+    return [Advice('memory_near_capacity', 'warning', ev, tip, verdict)]
+
+def memory_headroom(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
+    "The fit's memory peak is below `MEMORY_ROOM` of the device's: how much larger a batch would likely fit"
+    prof = getattr(rec, 'memory', None)
+    if prof is None or not prof.capacity or prof.fit_peak >= MEMORY_ROOM*prof.capacity: return []
+    est = batch_estimate(prof)
+    if not est or not est['fits'] >= 1.5*est['batch_size']: return []
+    ev = dict(peak_bytes=prof.fit_peak, capacity_bytes=prof.capacity, share=prof.fit_peak/prof.capacity, **{k: est[k] for k in ('resident', 'per_batch', 'batch_size', 'fits')})
+    verdict = (f'The fit peaked at {format_bytes(prof.fit_peak)} of the {format_bytes(prof.capacity)} on {prof.device} ({ev["share"]:.0%}): '
+               f'a batch of about {int(est["fits"]):,} ({est["fits"]/est["batch_size"]:.1f}× {int(est["batch_size"]):,}) would likely fit.')
+    tip = (f'A larger batch (`bs`) usually keeps the device busier and raises samples/s; scale the learning rate with it. The estimate is rough: '
+           f'{format_bytes(est["resident"])} held between batches, and all of the {format_bytes(est["per_batch"])} a batch adds at the peak '
+           f'taken to grow with its size, up to {MEMORY_TARGET:.0%} of the device: try it once before a long run.')
+    return [Advice('memory_headroom', 'info', ev, tip, verdict)]
+
 # %% ../nbs/03_insight.ipynb #c3ed9c9f
-RULES = [data_bound, slow_transfer, heavy_transforms, startup, host_bound_opt_step, heavy_callbacks, unstable_steps, host_timing]
+RULES = [data_bound, slow_transfer, heavy_transforms, startup, host_bound_opt_step, heavy_callbacks, unstable_steps, host_timing,
+         memory_near_capacity, memory_headroom]
 
 def advise(results:pd.DataFrame, # `learn.simple_profile_results`
            rec:TimingRecorder|None=None, # The profile's recorder, for per-batch rules

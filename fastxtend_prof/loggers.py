@@ -16,6 +16,7 @@ from typing import Callable, NamedTuple
 import numpy as np, pandas as pd
 from .recorder import *
 from .report import report_markdown
+from .memory import memory_text
 from .distributed import dist_info
 
 # %% ../nbs/06_loggers.ipynb #980c59ee
@@ -116,11 +117,13 @@ def check_log_every(log_every:int=10) -> int:
 
 # %% ../nbs/06_loggers.ipynb #f1e1046b
 def summary_values(results:pd.DataFrame) -> dict:
-    "`profile/{phase}/{step}_mean_s` and `..._samples_per_s` for every row of `results`, NaN left out"
+    "`profile/{phase}/{step}_mean_s`, `..._samples_per_s` and, when memory was tracked, `..._peak_memory_bytes` for every row of `results`, NaN left out"
     out = {}
-    for p, s, m, sps in zip(results.Phase, results.Step, results['Mean Duration'], results['Samples/Second']):
+    peaks = results['Peak Memory'] if 'Peak Memory' in results else [math.nan]*len(results)
+    for p, s, m, sps, peak in zip(results.Phase, results.Step, results['Mean Duration'], results['Samples/Second'], peaks):
         if not math.isnan(m): out[f'profile/{p}/{s}_mean_s'] = float(m)
         if not math.isnan(sps): out[f'profile/{p}/{s}_samples_per_s'] = float(sps)
+        if not math.isnan(peak): out[f'profile/{p}/{s}_peak_memory_bytes'] = float(peak)
     return out
 
 # %% ../nbs/06_loggers.ipynb #adadbb9e
@@ -166,7 +169,7 @@ class WandbLogger(Logger):
 
 # %% ../nbs/06_loggers.ipynb #d36c5040
 class TensorBoardLogger(Logger):
-    "Live values at `TensorBoardCallback`'s step (`learn.train_iter`); after fit the report as markdown text"
+    "Live values at `TensorBoardCallback`'s step (`learn.train_iter`); after fit the report (and memory, when tracked) as markdown text"
     cb_name = 'tensor_board'
     def live(self, learn, values):
         w, step = self.cb.writer, learn.train_iter
@@ -177,6 +180,8 @@ class TensorBoardLogger(Logger):
         if w is None: return  # TensorBoardCallback did not run (another rank, or it was never set up)
         closed = w.all_writers is None
         w.add_text('simple_profile_report', f'**Simple Profiler report**\n\n{report_markdown(report)}', learn.train_iter)
+        r = learn.__dict__.get('profile_result')
+        if r is not None and r.memory is not None: w.add_text('simple_profile_memory', f'```\n{memory_text(r.memory)}\n```', learn.train_iter)
         w.close() if closed else w.flush()
 
 # %% ../nbs/06_loggers.ipynb #fc1510a2

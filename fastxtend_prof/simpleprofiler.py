@@ -29,6 +29,7 @@ from .compare import (encode_distributions, as_profile, profile_of, compare_prof
 from .insight import learner_advice, show_advice
 from .trace import trace_config, TraceWindow, TraceObserver, TRACE_NAME
 from .distributed import gather_profile, format_merged, straggler_advice
+from .memory import MemoryTap, MEMORY_EVERY, check_memory, make_memory, with_memory, memory_text
 from .loggers import LoggerHub, check_logger_callback, check_log_every, fix_fastai_wandb
 
 # %% ../nbs/09_simpleprofiler.ipynb #77c1f993
@@ -46,6 +47,7 @@ def _check_options(opts:dict, kinds:dict):
         if kinds[n] is bool: _check_bool(n, v)
         elif n.endswith('_name'): _check_name(n, v, optional=n == 'plot_name')
     check_log_every(opts['log_every'])
+    check_memory(opts['memory'], opts['memory_every'])
     if opts['sync'] not in SYNC_MODES: raise ValueError(f'`sync` must be one of {", ".join(map(repr, SYNC_MODES))}, got {opts["sync"]!r}')
     w = opts['warmup']
     if isinstance(w, bool) or not isinstance(w, int) or w < 0:
@@ -70,11 +72,17 @@ class FitSession:
         count:bool=True, # Count each batch's samples, for samples/second
         pair:tuple=(), # The callbacks that hold this session, to leave idle and detach when the fit ends
         keep_open:bool=False, # Record every fit until closed (`learn.profiling()`), not only the first
+        memory=None, # The accelerator's allocator to read at the boundaries (`make_memory`), or None
+        memory_every:int=MEMORY_EVERY, # ... on every this many batches
+        memory_note:str='', # Why memory is not tracked, when `memory` is None
+        device:str='', # Where the model trains, for the memory report
     ):
         self.rec, self.mode, self.note, self.hub, self.count, self.pair = rec, mode, note, hub, count, tuple(pair)
         self.keep_open, self.fits, self.in_fit = keep_open, 1, True  # in_fit: between a fit's start and its end
         self.trace = None if window is None else TraceObserver(rec, window)
         to = rec if self.trace is None else self.trace  # where the marks go: straight to the recorder, or through the observer
+        self.memory, self.memory_note = None if memory is None else MemoryTap(to, memory, memory_every, device), memory_note
+        if self.memory is not None: to = self.memory  # ... and through the memory tap in front of both
         self.start, self.stop, self.begin_phase, self.end_phase = to.start, to.stop, to.begin_phase, to.end_phase
         self.draw, self.start_batch, self.mark, self.end_batch, self.cancel, self.abort = to.draw, to.start_batch, to.mark, to.end_batch, to.cancel, to.abort
         self.draw_mark = rec.draw_mark  # the marks inside a draw: straight to the recorder (a trace window does not need them)
@@ -87,7 +95,7 @@ class FitSession:
 class _IdleSession:
     "The null session the callbacks hold between fits: nothing is recorded and every mark does nothing"
     active = count = False
-    rec = hub = trace = trace_result = None
+    rec = hub = trace = trace_result = memory = None
     mode, note, pair, keep_open, fits, in_fit = 'none', '', (), False, 0, False
     start = stop = begin_phase = end_phase = draw = start_batch = mark = draw_mark = end_batch = cancel = abort = staticmethod(noop)
 
@@ -143,6 +151,8 @@ class SimpleProfilerCallback(_ProfilerPair):
         json_name:str='simple_profile.json', # JSON file name, relative to `learn.path`
         export_raw:bool=False, # Keep every batch's timings in a pickled Learner (`learn.export()`); False pickles their summaries
         baseline:str|Path|None=None, # A profile saved with `save_json` to compare this fit with: the comparison shows under the report, and in the advice
+        memory:bool|str='auto', # Track accelerator memory per step: 'auto' (on an accelerator), True or False
+        memory_every:int=MEMORY_EVERY, # Read the allocator on every this many batches (the first of each loop included)
     ):
         opts = {k: v for k, v in locals().items() if k != 'self'}
         _check_options(opts, SimpleProfilerCallback.__init__.__annotations__)
@@ -167,10 +177,12 @@ class SimpleProfilerCallback(_ProfilerPair):
 
     def _open(self, post) -> FitSession:
         "The session of the fit starting now, held by this pair, with the fit's span started"
-        rec, mode, note = make_recorder(self.sync, events.train_device(self.learn), self.warmup, self.keep_raw)
+        device = events.train_device(self.learn)
+        rec, mode, note = make_recorder(self.sync, device, self.warmup, self.keep_raw)
         window = TraceWindow(**{**self._trace, 'path': self._files['trace']}) if self._trace else None
+        mem, why = make_memory(self.memory, device)
         s = FitSession(rec, mode, note, LoggerHub.create(self.learn, self.logger_callback, self.log_every), window, post.samples_per_second,
-                       (self, post), self._until_closed)
+                       (self, post), self._until_closed, mem, self.memory_every, why, str(device))
         s.start(Step.FIT)
         return s
 
@@ -266,6 +278,11 @@ class ProfileResult:
     export_raw:bool=False # Pickle the recorder's per-batch rows; False pickles their summaries (`learn.profile(export_raw=...)`)
     comparison:pd.DataFrame|None=None # With `learn.profile(baseline=...)`: `compare_profiles(baseline, this fit)` (`learn.profile_comparison`)
 
+    @property
+    def memory(self):
+        "The fit's `MemoryProfile` (`learn.profile_memory`): None on a cpu, with `memory=False`, or for a profile made before memory was tracked"
+        return getattr(self.recorder, 'memory', None)
+
     def to_save(self) -> pd.DataFrame:
         "The results the files hold: merged over the ranks where there are several, else this rank's"
         return self.results if self.merged_results is None else self.merged_results
@@ -283,7 +300,7 @@ def fastxtend_layout(results:pd.DataFrame) -> pd.DataFrame:
 _VIEWS = dict(simple_profile_results='results', simple_profile_report='report', simple_profile_recorder='recorder',
               simple_profile_sync='sync', profile_advice='advice', profile_trace='trace',
               simple_profile_rank_results='rank_results', simple_profile_merged_results='merged_results',
-              profile_comparison='comparison', profile_results=('results', fastxtend_layout), profile_report='report')  # the last two: fastxtend 0.1.7's names
+              profile_comparison='comparison', profile_memory='memory', profile_results=('results', fastxtend_layout), profile_report='report')  # the last two: fastxtend 0.1.7's names
 
 def _view(name, attr, fn=None):
     def get(self):
@@ -333,7 +350,9 @@ def fit_result(learn, session:FitSession, exc:BaseException|None=None) -> Profil
     "Everything the fit recorded by `session` produced (`exc`: what it raised), gathered over the ranks of a distributed fit; shows nothing"
     if exc is not None: session.abort()  # close what the exception left open, and stop a trace window
     rec = session.rec
-    results = profile_results(rec, session.count)
+    rec.memory = None if session.memory is None else session.memory.result(rec.warmup)
+    rec.memory_note = session.memory_note
+    results = with_memory(profile_results(rec, session.count), rec.memory)
     rec.detach()  # clock, device timer, events: only the record stays, and it pickles with the Learner
     g = gather_profile(results, failed=exc if exc is not None else False)  # every rank, once; None when not distributed
     r = ProfileResult(results, format_report(results), rec, session.mode, trace=session.trace_result, is_main=g is None or g.is_main)
@@ -407,6 +426,7 @@ def _present(self:SimpleProfilerCallback, learn, r:ProfileResult, hub=None):
     "Show the report and advice, write the files asked for and send the results to the loggers; the advice and loggers even if a file fails"
     try:
         if self.show_report: show_report(r.report, self.plain, self.markdown, title=r.title)
+        if self.show_report: print(memory_text(r.memory, getattr(r.recorder, 'memory_note', '')))
         saved = self._save_files(learn, r)
         if r.trace and r.trace.get('trace_path'): saved.append(('trace', r.trace['trace_path']))
         if self.show_report and saved: print('Saved: ' + '; '.join(f'{what} to {p}' for what, p in saved))

@@ -1,0 +1,57 @@
+"""Memory per step on a real CUDA GPU (marked `gpu`; skipped where torch sees no CUDA device).
+
+The forward of a tiny model allocates a known tensor (64 MiB) and keeps it until the batch ends: the forward's peak
+and its change must grow by exactly that against a run without it (the caching allocator rounds large blocks to
+2 MiB; 64 MiB is a multiple), the fit's peak too, and the report must name the device and its capacity."""
+import pytest, torch
+from torch import nn
+import torch.nn.functional as F
+from fastai.basics import Learner, DataLoaders, SGD, Callback
+from fastai.callback.progress import ProgressCallback
+import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device; this machine has none')]
+
+SIZE = 64*2**20
+N_TRAIN, BS = 12, 64
+
+class Holder(nn.Module):
+    "A linear layer whose forward allocates `size` bytes on the device, kept (in `kept`) until the batch ends"
+    def __init__(self, size): super().__init__(); self.lin, self.size, self.kept = nn.Linear(8, 1), size, None
+    def forward(self, x):
+        if self.size: self.kept = torch.empty(self.size, dtype=torch.uint8, device=x.device)
+        return self.lin(x).view(-1)
+
+class Release(Callback):
+    order = 100  # after the profiler's marks: the tensor lives through every step of the batch
+    def after_batch(self): self.learn.model.kept = None
+
+def fit(size, **kw):
+    x = torch.randn(BS*N_TRAIN, 8); y = x.sum(1)
+    dls = DataLoaders.from_dsets(list(zip(x, y)), list(zip(x[:BS*2], y[:BS*2])), bs=BS, num_workers=0, device=torch.device('cuda'))
+    learn = Learner(dls, Holder(size), loss_func=F.mse_loss, opt_func=SGD, lr=1e-3, cbs=[Release()])
+    learn.remove_cb(ProgressCallback)
+    learn.profile(show_report=False, memory_every=1, **kw)
+    with learn.no_logging(): learn.fit(1)
+    return learn
+
+@pytest.fixture(scope='module')
+def runs():
+    torch.cuda.init(); fit(0)  # the first fit pays the context and the allocator's first blocks
+    return fit(0), fit(SIZE)
+
+def test_forward_peak_and_change_show_the_tensor(runs):
+    base, big = (r.simple_profile_results.set_index(['Phase', 'Step']) for r in runs)
+    for col in ('Peak Memory', 'Memory Change'):
+        assert big.loc[('train', 'forward'), col] - base.loc[('train', 'forward'), col] == SIZE, col
+    assert big.loc[('fit', 'fit'), 'Peak Memory'] - base.loc[('fit', 'fit'), 'Peak Memory'] == SIZE
+
+def test_report_names_the_device_and_capacity(runs):
+    prof = runs[1].profile_memory
+    assert prof.device.startswith('cuda') and prof.model == torch.cuda.get_device_name()
+    assert prof.capacity == torch.cuda.get_device_properties(0).total_memory
+    assert prof.fit_peak >= SIZE
+
+def test_memory_off_reads_nothing():
+    learn = fit(SIZE, memory=False)
+    assert 'Peak Memory' not in learn.simple_profile_results and learn.profile_memory is None
