@@ -81,11 +81,11 @@ class FitSession:
         self.keep_open, self.fits, self.in_fit = keep_open, 1, True  # in_fit: between a fit's start and its end
         self.trace = None if window is None else TraceObserver(rec, window)
         to = rec if self.trace is None else self.trace  # where the marks go: straight to the recorder, or through the observer
-        self.memory, self.memory_note = None if memory is None else MemoryTap(to, memory, memory_every, device), memory_note
+        self.memory, self.memory_note = None if memory is None else MemoryTap(to, memory, memory_every, device, rec.draw_mark), memory_note
         if self.memory is not None: to = self.memory  # ... and through the memory tap in front of both
         self.start, self.stop, self.begin_phase, self.end_phase = to.start, to.stop, to.begin_phase, to.end_phase
         self.draw, self.start_batch, self.mark, self.end_batch, self.cancel, self.abort = to.draw, to.start_batch, to.mark, to.end_batch, to.cancel, to.abort
-        self.draw_mark = rec.draw_mark  # the marks inside a draw: straight to the recorder (a trace window does not need them)
+        self.draw_mark = rec.draw_mark if self.memory is None else self.memory.draw_mark  # the marks inside a draw: to the recorder (a trace window does not need them)
 
     @property
     def trace_result(self) -> dict|None:

@@ -55,3 +55,20 @@ def test_report_names_the_device_and_capacity(runs):
 def test_memory_off_reads_nothing():
     learn = fit(SIZE, memory=False)
     assert 'Peak Memory' not in learn.simple_profile_results and learn.profile_memory is None
+
+class Linear(nn.Module):
+    def __init__(self, d): super().__init__(); self.lin = nn.Linear(d, 1)
+    def forward(self, x): return self.lin(x).view(-1)
+
+def test_transfer_row_shows_the_batch():
+    "A fastai loader moves each batch to the GPU inside the draw: the `transfer` row's change is the batch's size on the device"
+    d = 1024
+    x, y = torch.randn(BS*N_TRAIN, d), torch.randn(BS*N_TRAIN)
+    dls = DataLoaders.from_dsets(list(zip(x, y)), list(zip(x[:BS*2], y[:BS*2])), bs=BS, num_workers=0, device=torch.device('cuda'))
+    learn = Learner(dls, Linear(d), loss_func=F.mse_loss, opt_func=SGD, lr=1e-3)
+    learn.remove_cb(ProgressCallback)
+    learn.profile(show_report=False, memory_every=1)
+    with learn.no_logging(): learn.fit(1)
+    r = learn.simple_profile_results.set_index(['Phase', 'Step'])
+    batch = BS*d*4 + 512  # x, float32; y's 256 bytes take the allocator's smallest block, 512
+    assert abs(r.loc[('train', 'transfer'), 'Memory Change'] - batch) <= 1024, r.loc[('train', 'transfer')]

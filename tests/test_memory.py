@@ -146,3 +146,50 @@ def test_tensorboard_gets_the_memory_block(fake, tmp_path):
     ea.Reload()
     (text,) = ea.Tensors('simple_profile_memory/text_summary')
     assert 'Memory on cpu (fake accelerator): fit peak 216 KiB' in text.tensor_proto.string_val[0].decode()
+
+# ---- the draw's parts: a batch copied to the device, a batch transform's temporary ------------------------------------
+from fasttransform import Transform
+from torch.utils.data import DataLoader as TorchDL
+BATCH_BYTES, TFM_TMP = 40*KiB, 12*KiB
+
+class OnDevice(torch.Tensor):
+    "A tensor that has arrived on the device: moving it there again is torch's no-op"
+
+def copying_tensor(mem):
+    class Copying(torch.Tensor):
+        "A host tensor whose move to the device allocates the batch there (in the fake allocator)"
+        def to(self, *args, **kwargs):
+            mem.alloc(BATCH_BYTES)
+            return self.as_subclass(OnDevice).to(*args, **kwargs)
+    return Copying
+
+class TmpTfm(Transform):
+    "A batch transform that needs a temporary on the device"
+    order, mem = 10, None
+    def encodes(self, x:torch.Tensor): return x
+    def __call__(self, b, **kwargs):
+        TmpTfm.mem.alloc(TFM_TMP); TmpTfm.mem.free(TFM_TMP)
+        return super().__call__(b, **kwargs)
+
+@pytest.mark.parametrize('kind', ['fastai', 'torch'])
+def test_draw_parts_memory(fake, kind):
+    from fastai.callback.core import Callback
+    class LetGo(Callback):
+        order = 100  # after the profiler's marks: the batch stays on the device until the batch ends
+        def after_batch(self): fake.free(BATCH_BYTES)
+    Copying, TmpTfm.mem = copying_tensor(fake), fake
+    x = torch.randn(BS*N_TRAIN)
+    ds = list(zip(x.as_subclass(Copying), 2*x))
+    dls = (DataLoaders.from_dsets(ds, ds[:BS*N_VALID], bs=BS, num_workers=0, device=torch.device('cpu'), after_batch=[TmpTfm()]) if kind == 'fastai'
+           else DataLoaders(TorchDL(ds, batch_size=BS), TorchDL(ds[:BS*N_VALID], batch_size=BS), device=torch.device('cpu')))
+    learn = learner(fake)
+    learn.dls = dls
+    learn.add_cb(LetGo())
+    r = fit(learn, memory_every=1).simple_profile_results.set_index(['Phase', 'Step'])
+    assert r.loc[('train', 'transfer'), 'Memory Change'] == BATCH_BYTES
+    assert r.loc[('train', 'wait'), 'Memory Change'] == 0
+    assert r.loc[('train', 'draw'), 'Memory Change'] == BATCH_BYTES
+    if kind == 'fastai':  # the loader moves the batch, then transforms it: the temporary comes on top of the batch
+        assert r.loc[('train', 'transforms'), 'Peak Memory'] - r.loc[('train', 'wait'), 'Peak Memory'] == BATCH_BYTES + TFM_TMP
+        assert r.loc[('train', 'transforms'), 'Memory Change'] == 0
+    else: assert ('train', 'transforms') not in r.index
