@@ -44,7 +44,7 @@ _DURATION_COLS = ('Mean Duration', 'Duration Std Dev', 'Median Duration', 'P90 D
 SHORT_NAMES = {'Mean Duration': 'Mean', 'Duration Std Dev': 'Std Dev', 'Median Duration': 'Median', 'P90 Duration': 'P90',
                'P99 Duration': 'P99', 'Max Duration': 'Max', 'Number of Calls': 'Calls', 'Samples/Second': 'Samples/s',
                'Total Time': 'Total', 'Percent of Total': '%'}
-DROP_ORDER = ('P99 Duration', 'P90 Duration', 'Duration Std Dev', 'Median Duration', 'Max Duration', 'Samples/Second')
+DROP_ORDER = ('Duration Std Dev', 'P99 Duration', 'P90 Duration', 'Median Duration', 'Max Duration', 'Samples/Second')
 
 def text_table(df:pd.DataFrame, cols:list, names:dict=SHORT_NAMES) -> str:
     "The columns `cols` of `df` as aligned text under the headers `names` gives: Phase, Action and Step left-aligned, so they read as a tree; the rest right-aligned"
