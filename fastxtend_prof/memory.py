@@ -22,7 +22,7 @@ class AllocatorMemory:
     def __init__(self, device):
         self.device = torch.device(device)
         if self.device.type == 'cpu': raise ValueError('`AllocatorMemory` reads an accelerator\'s allocator; the cpu has none')
-        self.index = self.device.index if self.device.index is not None else torch.accelerator.current_device_index()
+        self.index = self.device.index if self.device.index is not None else torch.cuda.current_device() if self.device.type == 'cuda' else _current_index()
         if self.device.type == 'cuda': self._stats, self._reset = torch.cuda.memory_stats_as_nested_dict, torch.cuda.reset_peak_memory_stats
         else: self._stats, self._reset = _accelerator_stats, torch.accelerator.reset_peak_memory_stats
 
@@ -42,6 +42,11 @@ class AllocatorMemory:
         "The device's model, for the report"
         if self.device.type == 'cuda': return torch.cuda.get_device_name(self.index)
         return str(self.device)
+
+def _current_index() -> int:
+    "The current accelerator's index (`torch.accelerator` renamed the function in torch 2.7)"
+    acc = torch.accelerator
+    return (getattr(acc, 'current_device_index', None) or acc.current_device_idx)()
 
 def _accelerator_stats(index) -> dict:
     "The generic accelerator's statistics, nested like CUDA's (`torch.accelerator.memory_stats` flattens them)"
