@@ -85,7 +85,9 @@ def profile_of(learn) -> SavedProfile:
     "The last profiled fit of `learn` as a `SavedProfile`"
     r = learn.__dict__.get('profile_result')
     if r is None: raise ValueError('this Learner has no profile yet: call `learn.profile()` and fit, then compare')
-    return SavedProfile(r.results, run_metadata(learn, r.recorder.warmup, r.sync), step_distributions(r.recorder), 'this Learner')
+    meta, mem = run_metadata(learn, r.recorder.warmup, r.sync), getattr(r, 'memory', None)
+    if mem is not None: meta['memory'] = dict(device=mem.device, model=mem.model, capacity_bytes=mem.capacity, fit_peak_bytes=mem.fit_peak, every=mem.every)
+    return SavedProfile(r.results, meta, step_distributions(r.recorder), 'this Learner')
 
 def as_profile(x, name:str='profile') -> SavedProfile:
     "`x` (a JSON path, a `SavedProfile` or a Learner after a profiled fit) as a `SavedProfile`; `name` is the argument, for errors"

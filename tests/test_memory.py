@@ -107,6 +107,8 @@ def test_report_advice_files_and_loggers(fake, tmp_path, capsys):
     doc = json.loads((tmp_path/'simple_profile.json').read_text())
     rows = {(d['Phase'], d['Step']): d for d in doc['results']}
     assert rows[('train', 'backward')]['Peak Memory'] == RESIDENT + STATE + ACT + LOSS + GRAD
+    assert doc['metadata']['memory'] == dict(device='cpu', model='fake accelerator', capacity_bytes=2*2**20,
+                                             fit_peak_bytes=RESIDENT + STATE + ACT + LOSS + GRAD, every=10)
     assert 'Peak Memory' in (tmp_path/'simple_profile.csv').read_text().splitlines()[0]
     vals = summary_values(learn.simple_profile_results)
     assert vals['profile/fit/fit_peak_memory_bytes'] == RESIDENT + STATE + ACT + LOSS + GRAD
