@@ -147,7 +147,12 @@ class MemoryTap:
     def draw_mark(self, slot:int) -> bool:
         "A mark inside the draw (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`): to the recorder, then read if it took it"
         took = self._draw_mark(slot)
-        if took and self._row is not None: self._put(slot, self._read())
+        if not took or self._row is None: return took
+        r = self._read()
+        if slot == BEFORE_TFMS and self._row[_SEQ + AFTER_LOAD] != self._row[_SEQ + AFTER_LOAD]:  # transforms before any transfer: as
+            self._put(AFTER_LOAD, r)                                                                # the recorder does, the wait ends here
+            r = (r[0], r[0])  # ... and nothing came between the two
+        self._put(slot, r)
         return took
 
     def end_batch(self, samples:float|None=None):
