@@ -259,9 +259,10 @@ def test_trace_window_is_kept_out_of_the_statistics(tmp_path, monkeypatch, capsy
     assert top == pytest.approx(r.loc[('fit', 'train'), 'Total Time'], rel=1e-6)       # ... and the phase still adds up
     # No rule read the window's time: a rule may still fire on this tiny Learner's own noise when the machine is loaded
     # (a few ms of scheduler delay on ~100 µs steps), but none of the seconds it cites holds a start, a stop or the export:
-    # one START spread over the 26 steady batches would still add 11.5 ms to a mean
+    # one START in a batch would be all of a p99 or max, and spread over the 26 steady batches still 11.5 ms of a mean
+    # (a 12 ms straggler, the first draw after the profiler stopped, once made a p99 under load)
     for a in learn.profile_advice:
-        assert all(v < START/30 for k, v in a.evidence.items() if k.endswith('_s')), a
+        assert all(v < (START/3 if k.startswith(('p99', 'max')) else START/30) for k, v in a.evidence.items() if k.endswith('_s')), a
     tr = learn.profile_trace
     assert tr['profiler_s'] >= 3*START and tr['export_s'] >= EXPORT
     assert r.loc[('fit', 'fit'), 'Total Time'] < tr['profiler_s'] + EXPORT   # the export came after the fit's timing
