@@ -8,8 +8,8 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/recorder.html.md"""
 __all__ = ['BEFORE_DRAW', 'BEFORE_BATCH', 'AFTER_PRED', 'AFTER_LOSS', 'BEFORE_BACKWARD', 'BEFORE_STEP', 'AFTER_STEP',
            'PRE_AFTER_BATCH', 'POST_AFTER_BATCH', 'NEXT_DRAW', 'SAMPLES', 'FLAGS', 'AFTER_LOAD', 'BEFORE_TFMS',
            'AFTER_TFMS', 'N_SLOTS', 'NO_BACKWARD', 'NO_STEP', 'NO_ZERO_GRAD', 'TRACED', 'TRAIN_STEPS', 'VALID_STEPS',
-           'SUB_STEPS', 'DRAW_STEPS', 'TOP_STEPS', 'APART', 'SPANS', 'LOOP_STEPS', 'THROUGHPUT_STEPS', 'STAT_COLS',
-           'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step', 'BatchTable', 'SyncClock', 'is_set',
+           'SUB_STEPS', 'DRAW_STEPS', 'STEP_SLOTS', 'TOP_STEPS', 'APART', 'SPANS', 'LOOP_STEPS', 'THROUGHPUT_STEPS',
+           'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step', 'BatchTable', 'SyncClock', 'is_set',
            'TimingRecorder', 'FakeClock', 'traced_rows', 'phase_intervals', 'stats', 'StepSummary', 'fold',
            'empty_runs', 'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder']
 
@@ -47,6 +47,9 @@ SUB_STEPS = {Step.FORWARD: (BEFORE_BATCH, AFTER_PRED, 0), Step.PREDICT: (BEFORE_
              Step.BACKWARD: (BEFORE_BACKWARD, BEFORE_STEP, NO_BACKWARD), Step.OPT_STEP: (BEFORE_STEP, AFTER_STEP, NO_STEP),
              Step.ZERO_GRAD: (AFTER_STEP, PRE_AFTER_BATCH, NO_ZERO_GRAD)}
 DRAW_STEPS = (Step.WAIT, Step.TRANSFER, Step.TRANSFORMS)  # inside `draw`: they partition it when the loop marked them
+STEP_SLOTS = {Step.ITERATION: (BEFORE_DRAW, NEXT_DRAW), Step.DRAW: (BEFORE_DRAW, BEFORE_BATCH), Step.WAIT: (BEFORE_DRAW, AFTER_LOAD),
+              Step.TRANSFORMS: (BEFORE_TFMS, AFTER_TFMS), Step.BATCH: (BEFORE_BATCH, POST_AFTER_BATCH),
+              **{s: v[:2] for s, v in SUB_STEPS.items()}, Step.OTHER: (POST_AFTER_BATCH, NEXT_DRAW)}  # each step's first and last slot; `transfer` is the rest of the draw
 TOP_STEPS = (Step.DRAW, Step.BATCH, Step.OTHER, Step.WARMUP, Step.TRACE)
 APART = (Step.WARMUP, Step.TRACE)  # rows that hold whole batches kept out of the per-step statistics
 SPANS = (Step.FIT, Step.EPOCH, Step.TRAIN, Step.VALID)
@@ -267,17 +270,13 @@ def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS, apart:bool=
             d = m[:, NEXT_DRAW] - m[:, BEFORE_DRAW] + lead
             d[~(warm if s is Step.WARMUP else traced)] = np.nan
         else:
-            if s is Step.DRAW: d = m[:, BEFORE_BATCH] - m[:, BEFORE_DRAW]
-            elif s is Step.BATCH: d = m[:, POST_AFTER_BATCH] - m[:, BEFORE_BATCH]
-            elif s is Step.WAIT: d = m[:, AFTER_LOAD] - m[:, BEFORE_DRAW]
-            elif s is Step.TRANSFORMS: d = m[:, AFTER_TFMS] - m[:, BEFORE_TFMS]
-            elif s is Step.TRANSFER: d = m[:, BEFORE_BATCH] - m[:, AFTER_LOAD] - np.nan_to_num(m[:, AFTER_TFMS] - m[:, BEFORE_TFMS])  # the rest of the draw
-            elif s is Step.OTHER: d = m[:, NEXT_DRAW] - m[:, POST_AFTER_BATCH]; d += lead
-            elif s is Step.ITERATION: d = m[:, NEXT_DRAW] - m[:, BEFORE_DRAW]; d += lead  # draw + batch + other
+            if s is Step.TRANSFER: d = m[:, BEFORE_BATCH] - m[:, AFTER_LOAD] - np.nan_to_num(m[:, AFTER_TFMS] - m[:, BEFORE_TFMS])  # the rest of the draw
             else:
-                a, b, flag = SUB_STEPS[s]
+                a, b = STEP_SLOTS[s]
                 d = m[:, b] - m[:, a]
-                if flag: d[(flags & flag) != 0] = np.nan
+            if s in (Step.OTHER, Step.ITERATION): d += lead  # the loop's start, before its first draw, is the first batch's
+            flag = SUB_STEPS[s][2] if s in SUB_STEPS else 0
+            if flag: d[(flags & flag) != 0] = np.nan
             if any_apart: d[kept_apart] = np.nan
         out[s] = (d, samples)
     return out
