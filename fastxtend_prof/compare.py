@@ -20,7 +20,7 @@ from scipy import stats as sps
 from .recorder import *
 from .report import read_json_doc, results_of_doc, run_metadata, format_duration, text_table, text_width
 from .insight import Advice
-from .plots import SEGMENT_COLORS, _segments, _new_axes, _duration_ticks, _save
+from .plots import SEGMENT_COLORS, DRAW_PARTS, _segments, _new_axes, _duration_ticks, _save
 
 # %% ../nbs/08_compare.ipynb #57f9b0b8
 COMPARED = (Step.ITERATION, Step.DRAW, Step.WAIT, Step.TRANSFER, Step.TRANSFORMS, Step.BATCH, Step.FORWARD, Step.PREDICT, Step.LOSS, Step.BACKWARD, Step.OPT_STEP,
@@ -243,7 +243,7 @@ def baseline_advice(cmp:pd.DataFrame) -> list:
     "`Advice` for each step of `cmp` (`compare_profiles`) significantly slower than the baseline by `BASELINE_RATIO` or more, with what likely changed"
     out = []
     slow = cmp[cmp.Significant & (cmp['Change %'] > 0) & cmp.Step.isin(list(BASELINE_HINTS))]
-    split = set(slow.Phase[slow.Step.isin(['wait', 'transfer', 'transforms'])])
+    split = set(slow.Phase[slow.Step.isin(DRAW_PARTS)])
     slow = slow[~((slow.Step == 'draw') & slow.Phase.isin(split))]  # a part of the draw says more than the draw
     for r in slow.itertuples(index=False):
         ratio = r[cmp.columns.get_loc('New Mean')]/r[cmp.columns.get_loc('Base Mean')]

@@ -84,7 +84,7 @@ def timeline_frame(rec:TimingRecorder, # The recorder of a profiled fit: `learn.
 BETWEEN = 'between steps'
 SEGMENTS = {Phase.TRAIN: ('draw', 'forward', 'loss', 'backward', 'opt_step', 'zero_grad', BETWEEN, 'other', 'warmup'),
             Phase.VALID: ('draw', 'predict', 'loss', BETWEEN, 'other', 'warmup')}
-DRAW_PARTS = ('wait', 'transfer', 'transforms')  # a split draw's segments, in place of `draw`
+DRAW_PARTS = tuple(map(str, DRAW_STEPS))  # a split draw's segments, in place of `draw`
 SEGMENT_COLORS = {'draw': '#4c72b0', 'wait': '#4c72b0', 'transfer': '#64b5cd', 'transforms': '#a6bddb', 'forward': '#dd8452', 'predict': '#dd8452', 'loss': '#55a868', 'backward': '#c44e52',
                   'opt_step': '#8172b3', 'zero_grad': '#937860', BETWEEN: '#da8bc3', 'other': '#8c8c8c', 'warmup': '#d9d9d9', 'trace': '#ccb974'}
 HATCHES = {'warmup': '//', 'trace': 'xx'}  # whole batches set apart from the statistics
