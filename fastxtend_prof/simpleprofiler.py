@@ -399,8 +399,10 @@ def _report(self:SimpleProfilerCallback, learn, exc=None):
     with _keep_warning_memory():
         learn.profile_result = r = fit_result(learn, session, exc)
         r.export_raw = self.export_raw
-        if r.is_main and self._baseline is not None: self._compare(learn, r)
-        if r.is_main: self._present(learn, r, session.hub)
+        try: mine = profile_of(learn) if r.is_main and (self._baseline is not None or self.save_json) else None  # once, for both uses
+        except Exception: mine = None  # each use works it out again, and reports a failure its own way
+        if r.is_main and self._baseline is not None: self._compare(learn, r, mine)
+        if r.is_main: self._present(learn, r, session.hub, mine)
     if not session.keep_open and r.is_main: events.at_next_fit(learn, _note_unprofiled(r, time.monotonic(), self.show_report))
 
 @patch
@@ -414,20 +416,20 @@ def _release(self:SimpleProfilerCallback, learn):
     return session
 
 @patch
-def _compare(self:SimpleProfilerCallback, learn, r:ProfileResult):
-    "Compare `r` with the baseline into `r.comparison` and add its advice; a failure is a warning, never a lost report"
+def _compare(self:SimpleProfilerCallback, learn, r:ProfileResult, mine=None):
+    "Compare `r` (`mine`: its `profile_of`, if worked out already) with the baseline into `r.comparison` and add its advice; a failure is a warning, never a lost report"
     try:
-        r.comparison = compare_profiles(self._baseline, profile_of(learn))
+        r.comparison = compare_profiles(self._baseline, mine or profile_of(learn))
         r.advice = r.advice + baseline_advice(r.comparison)
     except Exception as e: warnings.warn(f'Simple Profiler: could not compare this fit with the baseline {str(self.baseline)!r}: {e}')
 
 @patch
-def _present(self:SimpleProfilerCallback, learn, r:ProfileResult, hub=None):
+def _present(self:SimpleProfilerCallback, learn, r:ProfileResult, hub=None, mine=None):
     "Show the report and advice, write the files asked for and send the results to the loggers; the advice and loggers even if a file fails"
     try:
         if self.show_report: show_report(r.report, self.plain, self.markdown, title=r.title)
         if self.show_report: print(memory_text(r.memory, getattr(r.recorder, 'memory_note', '')))
-        saved = self._save_files(learn, r)
+        saved = self._save_files(learn, r, mine)
         if r.trace and r.trace.get('trace_path'): saved.append(('trace', r.trace['trace_path']))
         if self.show_report and saved: print('Saved: ' + '; '.join(f'{what} to {p}' for what, p in saved))
         if self.show_report and r.comparison is not None: show_comparison(r.comparison)
@@ -436,7 +438,7 @@ def _present(self:SimpleProfilerCallback, learn, r:ProfileResult, hub=None):
         if hub is not None: hub.after_fit(learn, r.results, r.report)
 
 @patch
-def _save_files(self:SimpleProfilerCallback, learn, r:ProfileResult):
+def _save_files(self:SimpleProfilerCallback, learn, r:ProfileResult, mine=None):
     "CSV, JSON and chart, as asked (on rank 0 of a distributed fit also the per-rank CSV): `[(what, path)]` written"
     out, results, saved = self._files if self._files is not None else self.outputs(learn.path), r.to_save(), []
     if 'csv_name' in out:
@@ -445,7 +447,7 @@ def _save_files(self:SimpleProfilerCallback, learn, r:ProfileResult):
             ranks = out['csv_name'].with_name(f"{out['csv_name'].stem}_ranks.csv")
             saved.append(('per-rank results', _write(save_results, r.rank_results, ranks, 'per-rank CSV')))
     if 'json_name' in out:
-        mine = profile_of(learn)  # this fit's metadata and per-step distributions, as a comparison reads them
+        mine = mine or profile_of(learn)  # this fit's metadata and per-step distributions, as a comparison reads them
         saved.append(('JSON', _write(lambda df, p: save_json(df, p, mine.metadata, encode_distributions(mine.distributions)), results, out['json_name'], 'JSON')))
     if 'plot_name' in out: saved.append(('chart', save_plots(learn, out['plot_name'])))
     return saved
