@@ -145,6 +145,10 @@ def comparability(base:SavedProfile, new:SavedProfile) -> list:
         if 0 < n < MIN_CALLS: out.append(f'only {n} train batches in {which} (warmup left out): the interval is wide and small changes go unseen; profile at least {MIN_CALLS}')
     return out
 
+def _clear(p:float, lo:float, hi:float, alpha:float) -> bool:
+    "Whether a tested change is no noise: its p-value under `alpha` and its interval `lo`..`hi` (percent) clear of zero"
+    return p < alpha and (lo > 0 or hi < 0)
+
 def _row(b:SavedProfile, n:SavedProfile, phase, action, step, alpha, min_change, confidence) -> dict:
     key = (phase, step)
     if key in b.distributions and key in n.distributions: st = change_stats(b.distributions[key], n.distributions[key], confidence)
@@ -152,7 +156,7 @@ def _row(b:SavedProfile, n:SavedProfile, phase, action, step, alpha, min_change,
         mean = lambda p: float(p.results[(p.results.Phase == phase) & (p.results.Step == step)]['Mean Duration'].iloc[0])
         mb, mn = mean(b), mean(n)
         st = {'Base Mean': mb, 'New Mean': mn, 'Change %': 100*(mn/mb - 1) if mb > 0 else math.nan, 'Test': ''}
-    sig = bool(st['Test'] and st['p-value'] < alpha and abs(st['Change %']) >= min_change and (st['CI Low %'] > 0 or st['CI High %'] < 0))
+    sig = bool(st['Test'] and _clear(st['p-value'], st['CI Low %'], st['CI High %'], alpha) and abs(st['Change %']) >= min_change)
     return dict(Phase=phase, Action=action, Step=step, **st, **{'Base Samples/s': _samples_per_second(b.results, phase, step),
                 'New Samples/s': _samples_per_second(n.results, phase, step), 'Significant': sig})
 
@@ -211,7 +215,7 @@ def comparison_verdict(cmp:pd.DataFrame) -> str:
         r = t.loc[s]
         if r['Significant']: parts.append(f"{s} {_pct(r['Change %'])} (significant)")
         elif abs(r['Change %']) < cmp.attrs.get('min_change', MIN_CHANGE): parts.append(f'{s} unchanged')
-        elif r['p-value'] < alpha and (r['CI Low %'] > 0 or r['CI High %'] < 0):   # real, but held back by min_share
+        elif _clear(r['p-value'], r['CI Low %'], r['CI High %'], alpha):   # real, but held back by min_share
             moved = r['New Mean'] - r['Base Mean']
             parts.append(f"{s} {_pct(r['Change %'])} ({'+' if moved > 0 else '−'}{format_duration(abs(moved))}, under {min_share:g}% of the iteration)")
         else: parts.append(f"{s} {_pct(r['Change %'])} (not significant)")
