@@ -13,7 +13,7 @@ from fastxtend_prof import events
 SHIPPED = events.split_draw
 
 @contextlib.contextmanager
-def _unsplit(dl, mark): yield
+def _unsplit(dl, mark): yield (lambda: mark(events.AFTER_LOAD)) if mark is not None else (lambda: None)  # the loop's own mark only
 
 def fit_us_per_batch(split:bool, n:int) -> float:
     events.split_draw = SHIPPED if split else _unsplit

@@ -174,18 +174,40 @@ def test_ranks_merge_the_split():
         assert parts['Mean Duration'].sum() == pytest.approx(row(merged, p, 'draw')['Mean Duration'], rel=1e-9)
 
 def test_unprofiled_fit_wraps_nothing():
-    "Without a profiler fastai runs its own loop: no `to_device` or `after_batch` of ours while it trains"
+    "Without a profiler fastai runs its own loop: fastai's `to_device` and `_loaders` while it trains, its own pipelines"
     import fastai.data.load as load
     from fastai.torch_core import to_device
     from fastai.callback.core import Callback
-    from fastxtend_prof.events import TimedTransforms
-    seen = []
+    loaders, seen = load._loaders, []
     class Look(Callback):
-        def before_batch(self): seen.append((load.to_device is to_device, isinstance(self.learn.dl.after_batch, TimedTransforms)))
+        def before_batch(self): seen.append((load.to_device is to_device, load._loaders is loaders, type(self.learn.dl.after_batch).__name__))
     learn = Learner(make_dls('fastai'), Model(), loss_func=F.mse_loss, opt_func=SGD, lr=1e-3, cbs=Look())
     learn.remove_cb(ProgressCallback)
     with learn.no_logging(): learn.fit(1)
-    assert seen and set(seen) == {(True, False)}
+    assert seen and set(seen) == {(True, True, 'Pipeline')}
+
+def test_profiled_fit_keeps_the_loaders_pipelines():
+    """Profiled, the draw is split by wrapping the module names fastai's `DataLoader.__iter__` looks up, never the loader's
+    own pipelines: a callback sees the same `Pipeline` objects, with the loader's `split_idx`, and all is restored after"""
+    import fastai.data.load as load
+    from fastai.torch_core import to_device
+    from fastai.callback.core import Callback
+    dls = make_dls('fastai')
+    own = {(i, nm): getattr(dl, nm) for i, dl in enumerate(dls.loaders) for nm in ('after_item', 'before_batch', 'after_batch')}
+    loaders, seen = load._loaders, []
+    class Look(Callback):
+        def before_batch(self):
+            dl = self.learn.dl
+            seen.append((load.to_device is to_device, load._loaders is loaders,
+                         all(getattr(dl, nm) is own[(int(not self.training), nm)] for nm in ('after_item', 'before_batch', 'after_batch')),
+                         dl.after_batch.split_idx == getattr(dl.dataset, 'split_idx', None)))
+    learn = Learner(dls, Model(), loss_func=F.mse_loss, opt_func=SGD, lr=1e-3, cbs=Look())
+    learn.remove_cb(ProgressCallback)
+    learn.profile(show_report=False)
+    with learn.no_logging(): learn.fit(1)
+    assert seen and set(seen) == {(False, False, True, True)}   # wrapped while it ran, the pipelines fastai's own
+    assert load.to_device is to_device and load._loaders is loaders
+    assert row(learn.simple_profile_results, 'train', 'transforms')['Number of Calls'] > 0
 
 class Batches:
     "A loader of neither kind: a plain iterable of ready batches"
