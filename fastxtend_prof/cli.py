@@ -9,7 +9,10 @@ __all__ = ['DEVICES', 'DigitsDataset', 'digits_dls', 'demo_device', 'digits_cnn'
            'compare_command', 'main']
 
 # %% ../nbs/10_cli.ipynb #168568d7
-import argparse, math, sys, time
+import argparse, math, sys, time, warnings
+# fastai compiles a few layers with `torch.jit.script` as it is imported, which torch 2.14 deprecates with a FutureWarning:
+# nothing a user of this command can act on, and it would break the promise that a bad option costs one line of stderr
+warnings.filterwarnings('ignore', message=r'`torch\.jit\.script` is deprecated', category=FutureWarning)
 import torch
 from torch import nn
 from fastai.basics import *
