@@ -326,6 +326,7 @@ def _trace_note(trace:dict) -> str:
     "Where the trace window's batches went, and the wait after the fit when writing the trace took a while"
     note = 'trace window: the batches torch.profiler ran in are the `trace` rows, kept out of the step statistics'
     if trace.get('export_s', 0) >= _EXPORT_NOTE_S: note += f"; writing the trace took {trace['export_s']:.1f} s after the fit, outside the timings"
+    if trace.get('matcher_note'): note += f"; {trace['matcher_note']}"
     return note
 
 def _title(session, exc=None, gathered=None) -> str:

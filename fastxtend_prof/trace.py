@@ -6,7 +6,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/trace.html.md"""
 
 # %% auto #0
 __all__ = ['TRACE_NAME', 'TRACE_DEFAULTS', 'TOP_OPS', 'RANGE_NAMES', 'FASTAI_TIPS', 'trace_config', 'in_library', 'tidy_advice',
-           'TraceWindow', 'TraceObserver']
+           'MatcherMissing', 'TraceWindow', 'TraceObserver']
 
 # %% ../nbs/04_trace.ipynb #430c82bc
 import json, os, re, tempfile, time, warnings
@@ -126,10 +126,14 @@ def tidy_advice(report:dict, cuda:bool|None=None) -> list:
         out.append(Advice(rule, 'info', ev, tip, f"torch.profiler's anti-pattern matcher found `{name}` {place}."))
     return out
 
+class MatcherMissing(ImportError):
+    "This torch has no anti-pattern matcher (`torch.profiler._pattern_matcher`, removed in torch 2.14); the message says so"
+    def __init__(self): super().__init__(f"torch {torch.__version__} has no anti-pattern matcher (removed in 2.14): no findings from it")
+
 def _anti_patterns(prof) -> list:
-    "Run torch's anti-pattern matcher on `prof` and return its findings as `Advice`"
+    "Run torch's anti-pattern matcher on `prof` and return its findings as `Advice`; `MatcherMissing` if this torch has none"
     try: from torch.profiler._pattern_matcher import report_all_anti_patterns
-    except ImportError: return []  # a private torch module that some builds lack: then there are no findings to add
+    except ImportError: raise MatcherMissing() from None  # a private torch module, gone in torch 2.14: say so rather than find nothing
     with tempfile.TemporaryDirectory() as d:
         report_all_anti_patterns(prof, should_benchmark=False, print_enable=False, json_report_dir=d)
         p = Path(d)/'torchtidy_report.json'
@@ -211,6 +215,7 @@ class TraceWindow:
             for key, fn in (('trace_path', self._export), ('key_averages_by_step', lambda: _op_tables(self.prof, self.top)),
                             ('anti_patterns', lambda: _anti_patterns(self.prof))):
                 try: res[key] = fn()
+                except MatcherMissing as e: res['matcher_note'] = str(e)
                 except Exception as e: warnings.warn(f'trace window: {key} failed: {e!r}')
         else:
             n = max(self._k + 1, 0) if n_train is None else n_train

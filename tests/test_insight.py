@@ -1,7 +1,7 @@
 """Insight: each rule fires on a made-up run that has its problem and stays silent on one that doesn't; real fits get the
 data-bound verdict when the data is slow and no advice when they are healthy; the trace window writes fastai's phases
 into a chrome trace during a real fit on CPU, and stops the profiler when the fit fails."""
-import gc, json, time
+import gc, importlib.util, json, time
 from functools import partial
 import pytest, torch
 from torch import nn
@@ -160,7 +160,10 @@ def test_trace_window_on_real_fit(tmp_path, monkeypatch):
     adv = learner_advice(learn, show=False)
     assert learn.profile_trace is tr
     rules = {a.rule for a in adv}
-    assert 'torch_grad_zero_not_none' in rules
+    if importlib.util.find_spec('torch.profiler._pattern_matcher'): assert 'torch_grad_zero_not_none' in rules
+    else:  # torch 2.14 removed the matcher: no findings, and the report's title says why
+        assert not any(r.startswith('torch_') for r in rules) and 'has no anti-pattern matcher' in tr['matcher_note']
+        assert tr['matcher_note'] in learn.profile_result.title
     if not torch.cuda.is_available(): assert 'torch_tf32' not in rules
     assert not torch.autograd._profiler_enabled()
 
