@@ -1,7 +1,8 @@
 # Sourced by the scripts: make (or reuse) the virtual environment $VENV (default: .venv in the checkout) and install the
 # project with extras "$EXTRAS".
-# torch is pinned first ($TORCH_SPEC, default the CPU build this project is tested on) so pip never pulls a 5 GB CUDA
-# build just to satisfy fastai's "torch>=..." requirement.
+# torch is pinned first ($TORCH_SPEC: one or more requirements, default the CPU build the demo runs on) so pip never pulls
+# a CUDA build it did not ask for just to satisfy fastai's "torch>=..." requirement. scripts/test.sh asks for the CUDA build
+# torch==2.14.1 with torchvision==0.29.1 (torchvision imports only beside a CUDA build; both run on a CPU).
 # pip runs only when the install is missing or out of date: a stamp in $VENV records what the last successful install
 # depended on. The package is installed editable, so code changes need no reinstall.
 set -euo pipefail
@@ -28,10 +29,10 @@ install_project() {
     "$PY" -m venv "$VENV"
   fi
   rm -f "$STAMP"
-  # Looked up, not imported: importing torch costs seconds.
-  if ! "$VENV/bin/python" -c 'import importlib.util as u, sys; sys.exit(u.find_spec("torch") is None)'; then quiet_pip install "$TORCH_SPEC"; fi
+  # shellcheck disable=SC2086  # one word per requirement
+  quiet_pip install $TORCH_SPEC  # nothing to do (seconds) when the environment has them already
   # Keep that torch: without the constraint, pip may upgrade it to satisfy a newer torchvision that fastai pulls in.
-  echo "$TORCH_SPEC" > "$VENV/torch-constraint.txt"
+  printf '%s\n' $TORCH_SPEC > "$VENV/torch-constraint.txt"
   quiet_pip install -c "$VENV/torch-constraint.txt" -e "$ROOT[$EXTRAS]"
   "$VENV/bin/python" -I -c 'import fastxtend_prof'  # a broken install fails here, with its error, and writes no stamp
   install_stamp > "$STAMP"

@@ -2,6 +2,10 @@
 # Set up (first run only) and run every check: notebooks and generated module agree, notebooks are clean,
 # the notebooks' docs tests pass (nbdev-test), and the pytest suite in tests/ passes.
 EXTRAS=dev
+# The tests' own environment (not the demo's .venv): fastai.vision, which the real-applications suite trains, needs
+# torchvision, and torchvision imports only beside a CUDA build of torch (5.5 GB; it runs on a CPU too).
+VENV="${VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv-test}"
+TORCH_SPEC="${TORCH_SPEC:-torch==2.14.1 torchvision==0.29.1}"
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
 export MPLBACKEND=Agg PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::DeprecationWarning}"

@@ -22,19 +22,21 @@ def set_up(venv, extras='demo', **env):
     return log.read_text().splitlines() if log.exists() else []
 
 def test_pip_runs_once_then_only_when_the_torch_spec_or_extras_change(tmp_path):
+    "An install is two pip calls: the torch spec first (pip does nothing when it is met), then the project under it"
     venv = fake_venv(tmp_path)
     first = set_up(venv)
-    assert len(first) == 1 and first[0].endswith(f'-e {ROOT}[demo]'), first   # torch imports already: only the project
+    assert len(first) == 2 and first[0].endswith('install torch==2.13.0') and first[1].endswith(f'-e {ROOT}[demo]'), first
     assert set_up(venv) == []                                                   # nothing changed: no pip at all
-    assert len(set_up(venv, TORCH_SPEC='torch==2.12.0')) == 1
-    assert (venv/'torch-constraint.txt').read_text().strip() == 'torch==2.12.0'
-    assert len(set_up(venv)) == 1                                               # back to the default spec
-    assert len(set_up(venv, extras='dev')) == 1 and set_up(venv, extras='dev') == []
+    two = set_up(venv, TORCH_SPEC='torch==2.14.1 torchvision==0.29.1')         # scripts/test.sh's spec: two packages
+    assert len(two) == 2 and two[0].endswith('install torch==2.14.1 torchvision==0.29.1'), two
+    assert (venv/'torch-constraint.txt').read_text().splitlines() == ['torch==2.14.1', 'torchvision==0.29.1']
+    assert len(set_up(venv)) == 2                                               # back to the default spec
+    assert len(set_up(venv, extras='dev')) == 2 and set_up(venv, extras='dev') == []
     assert set_up(venv) == []                                                   # each set of extras keeps its own stamp
 
 def test_a_stamp_that_does_not_match_reinstalls(tmp_path):
     venv = fake_venv(tmp_path)
     set_up(venv)
     (venv/'.fastxtend_prof-install-demo').write_text('an install from another checkout\n')
-    assert len(set_up(venv)) == 1
+    assert len(set_up(venv)) == 2
     assert set_up(venv) == []
