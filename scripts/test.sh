@@ -8,6 +8,7 @@ VENV="${VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv-test}"
 TORCH_SPEC="${TORCH_SPEC:-torch==2.14.1 torchvision==0.29.1}"
 source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
+echo "== environment ready after ${SECONDS} s"
 export MPLBACKEND=Agg PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::DeprecationWarning}"
 
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
@@ -27,7 +28,7 @@ else
   echo "(not a git checkout: skipping the export/clean agreement checks)"
 fi
 
-echo "== nbdev-test: the docs notebooks"
+echo "== nbdev-test: the docs notebooks (at ${SECONDS} s)"
 "$VENV/bin/nbdev-test" --n-workers 2
-echo "== pytest"
+echo "== pytest (at ${SECONDS} s)"
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests "$@"
