@@ -30,17 +30,18 @@ def busy(s):
 
 # ---------------------------------------------------------------------------------------------------- test doubles
 class MirrorTimer:
-    "A device timer whose events are host timestamps: the whole `sync='events'` pipeline runs on a CPU"
-    def __init__(self): self.queries = 0
-    def record(self): return time.perf_counter()
+    "A device timer whose events are readings of the host `clock`: the whole `sync='events'` pipeline runs on a CPU"
+    def __init__(self, clock=time.perf_counter): self.clock, self.queries = clock, 0
+    def record(self): return self.clock()
     def elapsed(self, a, b): return b - a
     def ready(self, e): self.queries += 1; return True
     def synchronize(self): pass
 
 class ManualClock:
-    "A clock that returns `t`, which the test advances"
+    "A clock that returns `t`, which the test advances (`spend`): time passes only where the test says it does"
     t = 0.0
     def __call__(self): return self.t
+    def spend(self, s): self.t += s
 
 class LyingDL:
     "Wraps a loader: claims `claimed` batches, yields at most `n`"
