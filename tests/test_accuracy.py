@@ -10,7 +10,7 @@ Two clocks, for two questions:
 - That the recorder reads the real clock at the right moments, on the real clock with the waits spun: only what survives
   a loaded machine is asserted (a spin of s seconds takes at least s of wall time, so a step's median is at least its
   wait; the steps fit in their batch and the phase's rows add up to it, which hold on any clock)."""
-import functools
+import functools, time
 import pytest, torch
 from torch import nn
 import torch.nn.functional as F
@@ -22,7 +22,7 @@ from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
 from fastxtend_prof import simpleprofiler
 from fastxtend_prof.recorder import make_recorder
-from conftest import row, busy, MirrorTimer, ManualClock
+from conftest import row, MirrorTimer, ManualClock, Spend
 
 # Seconds each step of a batch takes, on top of the real work: on the manual clock (free: no two alike, so that no
 # swap goes unseen), and spun on the real clock (a few ms: well above a step's own few µs of work, so that a wait charged
@@ -46,15 +46,7 @@ def expected(phase):
     between = k['after_batch']  # after_batch work of callbacks between Pre and Post: in the batch, in none of its steps
     return dict(draw=w['draw'] + k['before_draw'], **steps, batch=sum(steps.values()) + between, other=LATE_TICKS['after_batch'])
 
-class Spend:
-    "The waits in force, and how they pass: spun on the real clock, or added to `clock` when it is a `ManualClock`"
-    def __init__(self): self.waits, self.clock = dict.fromkeys(WAITS, 0.), None
-    def __call__(self, step):
-        s = self.waits[step]
-        if self.clock is None: busy(s)
-        else: self.clock.spend(s)
-
-spend = Spend()
+spend = Spend(WAITS)
 
 class Tick(Callback):
     "Callback work of known length: spends `amounts[event]` of `clock` in each of those events"
@@ -112,17 +104,13 @@ def make_learner(cbs=()):
 
 def profiled_fit(waits, mode, clock=None):
     "Profile the workload with `waits` in force, timed the `mode` way (injected through the recorder seam on a CPU), on `clock` (None: the real one)"
-    spend.waits.update(waits)
-    spend.clock = clock
-    seam = {'none': {}, 'device': dict(sync_fn=lambda: None), 'events': dict(timer=MirrorTimer(*([clock] if clock else [])))}[mode]
-    if clock is not None: seam['clock'] = clock
+    host = clock or time.perf_counter
+    seam = {'none': {}, 'device': dict(sync_fn=lambda: None), 'events': dict(timer=MirrorTimer(host))}[mode]
     cbs = [Tick(clock, TICKS), Tick(clock, LATE_TICKS, order=Recorder.order + 1)] if clock is not None else []
-    try:
-        with pytest.MonkeyPatch.context() as mp:
-            mp.setattr(simpleprofiler, 'make_recorder', functools.partial(make_recorder, **seam))
-            learn = make_learner(cbs).profile(show_report=False, sync=mode)
-            with learn.no_logging(): learn.fit(EPOCHS)
-    finally: spend.waits.update(dict.fromkeys(WAITS, 0.)); spend.clock = None
+    with spend.using(waits, clock), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(simpleprofiler, 'make_recorder', functools.partial(make_recorder, clock=host, **seam))
+        learn = make_learner(cbs).profile(show_report=False, sync=mode)
+        with learn.no_logging(): learn.fit(EPOCHS)
     assert learn.simple_profile_sync == mode
     return learn.simple_profile_results
 
