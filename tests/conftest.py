@@ -2,7 +2,7 @@
 
 pytest imports this file first and puts this folder on `sys.path`, so the test files (and the workers that
 test_distributed spawns, which get the same path) import it by name like any module."""
-import contextlib, inspect, itertools, time
+import contextlib, functools, inspect, itertools, time
 from fastai.callback.core import Callback
 
 # ------------------------------------------------------------------------------------------------- results tables
@@ -53,6 +53,12 @@ class ManualClock:
     t = 0.0
     def __call__(self): return self.t
     def spend(self, s): self.t += s
+
+class Tick(Callback):
+    "Callback work of known length, for a `ManualClock`: spends `amounts[event]` of `clock` in each of those events, at `order`"
+    def __init__(self, clock, amounts, order=0):
+        self.order = order
+        for event, s in amounts.items(): setattr(self, event, functools.partial(clock.spend, s))
 
 class LyingDL:
     "Wraps a loader: claims `claimed` batches, yields at most `n`"

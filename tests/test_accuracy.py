@@ -14,7 +14,6 @@ import functools, time
 import pytest, torch
 from torch import nn
 import torch.nn.functional as F
-from fastai.callback.core import Callback
 from fastai.data.core import DataLoaders
 from fastai.learner import Learner, Recorder
 from fastai.optimizer import SGD
@@ -22,7 +21,7 @@ from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
 from fastxtend_prof import simpleprofiler
 from fastxtend_prof.recorder import make_recorder
-from conftest import row, MirrorTimer, ManualClock, Spend
+from conftest import row, MirrorTimer, ManualClock, Spend, Tick
 
 # Seconds each step of a batch takes, on top of the real work: on the manual clock (free: no two alike, so that no
 # swap goes unseen), and spun on the real clock (a few ms: well above a step's own few µs of work, so that a wait charged
@@ -47,12 +46,6 @@ def expected(phase):
     return dict(draw=w['draw'] + k['before_draw'], **steps, batch=sum(steps.values()) + between, other=LATE_TICKS['after_batch'])
 
 spend = Spend(WAITS)
-
-class Tick(Callback):
-    "Callback work of known length: spends `amounts[event]` of `clock` in each of those events"
-    def __init__(self, clock, amounts, order=0):
-        self.order = order
-        for event, s in amounts.items(): setattr(self, event, functools.partial(clock.spend, s))
 
 class SlowDL:
     "A DataLoader stand-in: the `n` batches of `dl`, made in advance, each taking the `draw` wait to hand over"
