@@ -1,5 +1,11 @@
 """Two real profiles compared: a known delay injected in one step is found there, by about its size, and charged to no
-other step; identical configurations come out unchanged; raw rows, summaries and the two mixed; the CLI gate's exit codes."""
+other step; identical configurations come out unchanged; raw rows, summaries and the two mixed; the CLI gate's exit codes.
+
+These fits run on the real clock (the comparison's statistics need real, noisy runs), so they assert only what a loaded
+machine cannot break: a spin of s seconds takes at least s of wall time (so the slow run's mean in the step is at least
+the delay), and the delayed step holds most of the slowdown (a relative share, which load moves in both runs alike). How
+much more than the delay a spin takes depends on the load: when the scheduler takes the core away at the spin's deadline
+the overshoot is real time of the step (4 ms spun measured 8.4 ms more under load), so an upper bound would flake."""
 import gc, json, subprocess, sys
 import pytest, torch
 from torch import nn
@@ -47,6 +53,16 @@ def interleaved(a_cbs=(), b_cbs=(), rounds=4, a_kw=None, b_kw=None):
 def rows(cmp, phase='train'):
     return cmp[cmp.Phase == phase].set_index('Step')
 
+def moved(t):
+    """Seconds each row's median moved, new minus base: what a typical batch paid. A mean also moves with the few batches
+    in which the scheduler took the core away for milliseconds, which a loaded machine does to either run"""
+    return t['New Median'] - t['Base Median']
+
+def assert_found_in_opt_step(t):
+    "The delay is in `opt_step`: every slow call spun it (so its mean is at least the delay), and it is most of the typical iteration's slowdown"
+    assert t.loc['opt_step', 'New Mean'] >= DELAY, t.loc['opt_step']
+    assert moved(t)['opt_step'] >= 0.5*moved(t)['iteration'], t[['Base Median', 'New Median']]
+
 def test_injected_delay_is_found_in_its_step_only():
     base, slow = interleaved(b_cbs=[SpinInStep(DELAY)], rounds=6)   # more turns than elsewhere: drift of the machine evens out better
     cmp = compare_profiles(base, slow)
@@ -54,17 +70,16 @@ def test_injected_delay_is_found_in_its_step_only():
     print(cmp[['Phase', 'Step', 'Base Mean', 'New Mean', 'Change %', 'Of Iteration %', 'p-value', 'Result']].to_string())
     print(cmp.attrs['verdict'])
     assert t.loc['opt_step', 'Result'] == 'slower'
-    assert t.loc['opt_step', 'New Mean'] - t.loc['opt_step', 'Base Mean'] == pytest.approx(DELAY, rel=0.25)
+    assert_found_in_opt_step(t)
     assert t.loc['iteration', 'Result'] == 'slower' and slower_than(cmp, 10)
-    # The delay is charged to its step: every other step moved by a small fraction of it, and none is called
-    # significant. Some of them did get slower, really: on the shared CI VM the code right after the spin finds its
-    # caches cold (zero_grad, next to the insert, 5-21% slower, tens of microseconds). `min_share` holds those back:
-    # they are well under 2% of the iteration.
+    # The delay is charged to its step: every other step moved by a fraction of what opt_step moved (a wait charged twice
+    # would move a second step as much). Some of them did get slower, really: on the shared CI VM the code right after
+    # the spin finds its caches cold (zero_grad, next to the insert, 5-21% slower, tens of microseconds), and on a loaded
+    # machine the two runs' steps do not see the same scheduler (in one such run backward came out significantly slower,
+    # by 1.2 ms of mean, and forward significantly faster). So whether a neighbour is called significant depends on the
+    # load; that it moved far less than opt_step does not.
     others = t.drop(['opt_step', 'batch', 'iteration'])
-    moved = (others['New Mean'] - others['Base Mean']).abs()
-    assert (moved < 0.1*DELAY).all(), others[['Base Mean', 'New Mean', 'Change %', 'Result']]
-    assert (others.Result == 'no significant change').all(), others[['Base Mean', 'New Mean', 'Change %', 'Of Iteration %', 'p-value', 'Result']]
-    assert t['Change %'].idxmax() == 'opt_step'
+    assert (moved(others).abs() < 0.5*moved(t)['opt_step']).all(), others[['Base Median', 'New Median', 'Change %', 'Result']]
     assert cmp.attrs['verdict'].startswith('train iteration') and 'opt_step +' in cmp.attrs['verdict']
 
 @pytest.mark.parametrize('repeat', range(3))
@@ -85,7 +100,7 @@ def test_raw_summaries_and_mixed(kinds):
     base, slow = interleaved(b_cbs=[SpinInStep(DELAY)], a_kw=dict(keep_raw=kinds[0]), b_kw=dict(keep_raw=kinds[1]))
     t = rows(compare_profiles(base, slow))
     assert t.loc['opt_step', 'Result'] == 'slower'
-    assert t.loc['opt_step', 'New Mean'] - t.loc['opt_step', 'Base Mean'] == pytest.approx(DELAY, rel=0.25)
+    assert_found_in_opt_step(t)   # the exact mean, from raw rows and from summaries alike
     assert t.loc['opt_step', 'Test'] == ('Mann-Whitney U' if all(kinds) else 'Welch t')
 
 def run_cli(*args):
