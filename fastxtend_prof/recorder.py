@@ -618,18 +618,18 @@ def device_view(rec:EventRecorder):
 # %% ../nbs/00_recorder.ipynb #01ddf95e
 SYNC_MODES = ('auto', 'none', 'device', 'events')
 
-def make_recorder(sync:str='auto', device=None, warmup:int=1, keep_raw:bool=True, timer=None, sync_fn=None):
-    "A recorder timing a model on `device` per `sync` (one of `SYNC_MODES`); returns `(recorder, mode used, note)`"
+def make_recorder(sync:str='auto', device=None, warmup:int=1, keep_raw:bool=True, timer=None, sync_fn=None, clock:Callable[[], float]=time.perf_counter):
+    "A recorder timing a model on `device` per `sync` (one of `SYNC_MODES`) with the host `clock`; returns `(recorder, mode used, note)`"
     if sync not in SYNC_MODES: raise ValueError(f'`sync` must be one of {SYNC_MODES}, got {sync!r}')
     kind = getattr(device, 'type', str(device or 'cpu').split(':')[0])
     accel = kind not in ('cpu', 'meta') or timer is not None or sync_fn is not None
     mode = ('events' if accel else 'none') if sync == 'auto' else sync
     note = ''
     if mode != 'none' and not accel: mode, note = 'none', f"sync={sync!r} needs an accelerator; the model is on {kind}: host clock used"
-    if mode == 'none': return TimingRecorder(warmup=warmup, keep_raw=keep_raw), mode, note
+    if mode == 'none': return TimingRecorder(warmup=warmup, keep_raw=keep_raw, clock=clock), mode, note
     if mode == 'device':
         if sync_fn is None:
             import torch
             sync_fn = (lambda: torch.cuda.synchronize(device)) if kind == 'cuda' else torch.accelerator.synchronize
-        return TimingRecorder(warmup=warmup, keep_raw=keep_raw, clock=SyncClock(sync_fn)), mode, 'every boundary synchronised with the device'
-    return EventRecorder(timer or TorchEventTimer(device), warmup=warmup, keep_raw=keep_raw), mode, 'device time from events; host time in the Host columns'
+        return TimingRecorder(warmup=warmup, keep_raw=keep_raw, clock=SyncClock(sync_fn, clock)), mode, 'every boundary synchronised with the device'
+    return EventRecorder(timer or TorchEventTimer(device), warmup=warmup, clock=clock, keep_raw=keep_raw), mode, 'device time from events; host time in the Host columns'

