@@ -18,7 +18,7 @@ def calls(df, phase, step):
 
 # -------------------------------------------------------------------------------------------------------- workloads
 def busy(s):
-    "Spin for exactly `s` seconds of wall time (sleep would hand the core away and overshoot)"
+    "Spin for `s` seconds of wall time: at least that, however loaded the machine (sleep would hand the core away and overshoot)"
     end = time.perf_counter() + s
     while time.perf_counter() < end: pass
 
