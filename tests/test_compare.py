@@ -128,7 +128,9 @@ def test_identical_configurations_come_out_unchanged(drift):
     print(cmp[['Phase', 'Step', 'Change %', 'CI Low %', 'CI High %', 'p-value', 'Result']].to_string())
     train = rows(cmp)
     assert train.loc['iteration', 'Result'] == 'no significant change'
-    assert (train.Result == 'no significant change').mean() >= 0.8   # a stray row at most: alpha, min_change and min_share bound them
+    # Most rows, not all: under load a few sub-millisecond steps really differ between alternate batches (a loaded run:
+    # loss +96%, zero_grad -50%). A comparison that ignores `min_change` fails the iteration check above on both drifts
+    assert (train.Result == 'no significant change').mean() >= 0.5, train.Result
     # The valid loop is left out of this check: 8 short batches a fit, it moved by up to 23%
     # between two identical Learners in CI (the train rows by 3%); its rows are there, with their wide intervals.
     assert cmp.attrs['verdict'].startswith('train iteration: no significant change')
