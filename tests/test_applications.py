@@ -102,12 +102,12 @@ def digits_dir(tmp_path_factory):
     from sklearn.datasets import load_digits
     root = tmp_path_factory.mktemp('digits')
     d = load_digits()
+    (root/'masks').mkdir()
     for i, (img, y) in enumerate(zip(d.images[:N_IMAGES], d.target[:N_IMAGES])):
         folder = root/('valid' if i % 5 == 0 else 'train')/str(y)
         folder.mkdir(parents=True, exist_ok=True)
         im = Image.fromarray((img*16).clip(0, 255).astype(np.uint8)).resize((32, 32))
         im.convert('RGB').save(folder/f'{i}.png')
-        (root/'masks').mkdir(exist_ok=True)
         Image.fromarray((np.asarray(im) > 64).astype(np.uint8)).save(root/'masks'/f'{i}.png')
     return root
 
@@ -181,7 +181,7 @@ def test_vision_lr_find_then_profiled_fit(digits_dir):
 def test_vision_channels_last_and_mixed_precision(digits_dir):
     """`to_channelslast()` with fastai's mixed precision. fastai's `MixedPrecision` autocasts for CUDA only: on a CPU torch
     disables it (with a warning) and its `GradScaler`, so here this checks the callbacks' wiring around the profiler
-    (scaled loss, the step the scaler may skip), not half-precision numerics; tests/test_gpu_*.py cover the device"""
+    (scaled loss, the step the scaler may skip), not half-precision numerics, which need a CUDA device"""
     v = _vision()
     build = lambda: resnet(v, digits_dir)().to_channelslast()
     learn = assert_unchanged(build, lambda l: l.fit(1, 1e-3))
