@@ -4,7 +4,7 @@ loop's own `AFTER_LOAD` mark stays), interleaved in one process (which goes firs
 
     python benchmarks/draw_split_cost.py              # 20 rounds
 """
-import argparse, contextlib, statistics, time, torch
+import argparse, statistics, time, torch
 from fastai.test_utils import synth_learner
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
@@ -12,8 +12,7 @@ from fastxtend_prof import events
 
 SHIPPED = events.split_draw
 
-@contextlib.contextmanager
-def _unsplit(dl, mark): yield (lambda: mark(events.AFTER_LOAD)) if mark is not None else (lambda: None)  # the loop's own mark only
+def _unsplit(dl, mark): return SHIPPED(iter(()), mark)  # as for a loader of neither kind: the loop's own mark only
 
 def fit_us_per_batch(split:bool, n:int) -> float:
     events.split_draw = SHIPPED if split else _unsplit
