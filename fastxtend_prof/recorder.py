@@ -11,7 +11,8 @@ __all__ = ['BEFORE_DRAW', 'BEFORE_BATCH', 'AFTER_PRED', 'AFTER_LOSS', 'BEFORE_BA
            'SUB_STEPS', 'DRAW_STEPS', 'STEP_SLOTS', 'TOP_STEPS', 'APART', 'SPANS', 'LOOP_STEPS', 'THROUGHPUT_STEPS',
            'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step', 'BatchTable', 'SyncClock', 'is_set',
            'TimingRecorder', 'FakeClock', 'traced_rows', 'phase_intervals', 'stats', 'StepSummary', 'fold',
-           'empty_runs', 'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder']
+           'empty_runs', 'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder',
+           'check_int', 'check_number']
 
 # %% ../nbs/00_recorder.ipynb #23875a1a
 import math, time
@@ -633,3 +634,17 @@ def make_recorder(sync:str='auto', device=None, warmup:int=1, keep_raw:bool=True
             sync_fn = (lambda: torch.cuda.synchronize(device)) if kind == 'cuda' else torch.accelerator.synchronize
         return TimingRecorder(warmup=warmup, keep_raw=keep_raw, clock=SyncClock(sync_fn, clock)), mode, 'every boundary synchronised with the device'
     return EventRecorder(timer or TorchEventTimer(device), warmup=warmup, clock=clock, keep_raw=keep_raw), mode, 'device time from events; host time in the Host columns'
+
+# %% ../nbs/00_recorder.ipynb #a1f169fd
+def _why(why:str) -> str: return f' ({why})' if why else ''
+
+def check_int(name:str, v, lo:int=0, why:str='') -> int:
+    "`v` if it is an integer (not a bool) >= `lo`, else a ValueError naming the option `name` and saying `why` it exists"
+    if isinstance(v, bool) or not isinstance(v, int) or v < lo: raise ValueError(f'`{name}` must be an integer >= {lo}{_why(why)}, got {v!r}')
+    return v
+
+def check_number(name:str, v, lo:float=0, hi:float=math.inf, why:str='', open_lo:bool=False) -> float:
+    "`v` if it is a real number (not a bool) in `[lo, hi)` (`(lo, hi)` if `open_lo`), else a ValueError naming the option `name`"
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo < v if open_lo else lo <= v) or not v < hi:
+        raise ValueError(f"`{name}` must be a number in {'(' if open_lo else '['}{lo}, {hi}){_why(why)}, got {v!r}")
+    return v
