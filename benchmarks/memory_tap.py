@@ -14,8 +14,8 @@ MARKS = (AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_A
 def drive(n:int, every:int|None) -> float:
     "Seconds to drive `n` train batches' marks through the recorder (and a tap reading one batch in `every`, if given)"
     rec = TimingRecorder(keep_raw=False)
-    to = rec if every is None else MemoryTap(rec, FakeMemory(), every, 'fake:0', rec.draw_mark)
-    draw, start, mark, draw_mark, end = to.draw, to.start_batch, to.mark, getattr(to, 'draw_mark', rec.draw_mark), to.end_batch
+    to = rec if every is None else MemoryTap(rec, FakeMemory(), every, 'fake:0')
+    draw, start, mark, draw_mark, end = to.draw, to.start_batch, to.mark, to.draw_mark, to.end_batch
     to.start(Step.FIT); to.begin_phase(Phase.TRAIN)
     t = time.perf_counter()
     for _ in range(n):

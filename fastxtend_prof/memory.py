@@ -86,14 +86,13 @@ class MemoryProfile:
     rows:dict=field(default_factory=dict) # `{phase: (n, ROW) array}` of sampled batches
 
 # %% ../nbs/14_memory.ipynb #0ce0cbcb
-class MemoryTap:
-    "Passes each mark on to `to` (the recorder, or a trace observer in front of it), then reads `memory` at the same boundary on every `every`-th batch"
-    def __init__(self, to, memory, every:int=MEMORY_EVERY, device:str='',
-                 draw_mark=None): # The recorder's `draw_mark`, for the marks inside a draw (which a trace observer doesn't take)
-        self.to, self.memory, self.every, self.device, self._draw_mark = to, memory, every, device, draw_mark
+class MemoryTap(Relay):
+    "A relay that passes each mark on to `to`, then reads `memory` at the same boundary on every `every`-th batch"
+    def __init__(self, to, memory, every:int=MEMORY_EVERY, device:str=''):
+        super().__init__(to)
+        self.memory, self.every, self.device = memory, every, device
         self.rows = {Phase.TRAIN: array('d'), Phase.VALID: array('d')}
         self.fit_peak, self._rows, self._k, self._row, self._seq = 0, None, 0, None, 0
-        self.start, self.cancel, self.abort = to.start, to.cancel, to.abort
 
     def _read(self) -> tuple:
         cur, peak = self.memory.read()
@@ -143,7 +142,7 @@ class MemoryTap:
 
     def draw_mark(self, slot:int) -> bool:
         "A mark inside the draw (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`): to the recorder, then read if it took it"
-        took = self._draw_mark(slot)
+        took = self.to.draw_mark(slot)
         if not took or self._row is None: return took
         r = self._read()
         if slot == BEFORE_TFMS and self._row[_SEQ + AFTER_LOAD] != self._row[_SEQ + AFTER_LOAD]:  # transforms before any transfer: as
@@ -246,8 +245,7 @@ MEMORY_OPTIONS = (True, False, 'auto')
 def check_memory(memory, every) -> tuple:
     "`memory` and `every` checked: the value in `MEMORY_OPTIONS` and a positive number of batches"
     if not any(memory is o for o in MEMORY_OPTIONS[:2]) and memory != 'auto': raise ValueError(f"`memory` must be True, False or 'auto', got {memory!r}")
-    if isinstance(every, bool) or not isinstance(every, int) or every < 1: raise ValueError(f'`memory_every` must be a whole number of batches >= 1, got {every!r}')
-    return memory, every
+    return memory, check_int('memory_every', every, 1, 'batches between two sampled ones')
 
 def make_memory(memory, device) -> tuple:
     "`(allocator, '')` to read on `device`, or `(None, why)`: `memory` is False, or the device is a cpu"
@@ -264,7 +262,7 @@ def make_memory(memory, device) -> tuple:
 def with_memory(results:pd.DataFrame, prof:MemoryProfile|None) -> pd.DataFrame:
     "`results` with `MEMORY_COLS` added per (Phase, Step) from `prof`, the fit's peak on its `fit` row; `results` itself without a profile"
     if prof is None: return results
-    ms = pd.concat([memory_stats(prof), pd.DataFrame([{'Phase': 'fit', 'Step': 'fit', 'Peak Memory': float(prof.fit_peak)}])], ignore_index=True)
+    ms = pd.concat([memory_stats(prof), pd.DataFrame([{'Phase': Phase.FIT, 'Step': Step.FIT, 'Peak Memory': float(prof.fit_peak)}])], ignore_index=True)
     return results.merge(ms, on=['Phase', 'Step'], how='left').set_axis(results.index)
 
 # %% ../nbs/14_memory.ipynb #b17b1188

@@ -9,10 +9,10 @@ __all__ = ['BEFORE_DRAW', 'BEFORE_BATCH', 'AFTER_PRED', 'AFTER_LOSS', 'BEFORE_BA
            'PRE_AFTER_BATCH', 'POST_AFTER_BATCH', 'NEXT_DRAW', 'SAMPLES', 'FLAGS', 'AFTER_LOAD', 'BEFORE_TFMS',
            'AFTER_TFMS', 'N_SLOTS', 'NO_BACKWARD', 'NO_STEP', 'NO_ZERO_GRAD', 'TRACED', 'TRAIN_STEPS', 'VALID_STEPS',
            'SUB_STEPS', 'DRAW_STEPS', 'STEP_SLOTS', 'TOP_STEPS', 'APART', 'SPANS', 'LOOP_STEPS', 'THROUGHPUT_STEPS',
-           'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step', 'BatchTable', 'SyncClock', 'is_set',
-           'TimingRecorder', 'FakeClock', 'traced_rows', 'phase_intervals', 'stats', 'StepSummary', 'fold',
-           'empty_runs', 'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder',
-           'check_int', 'check_number']
+           'MARKS', 'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step', 'BatchTable', 'SyncClock',
+           'Relay', 'is_set', 'TimingRecorder', 'FakeClock', 'traced_rows', 'phase_intervals', 'stats', 'StepSummary',
+           'fold', 'empty_runs', 'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view',
+           'make_recorder', 'check_int', 'check_number']
 
 # %% ../nbs/00_recorder.ipynb #23875a1a
 import math, time
@@ -96,6 +96,49 @@ class SyncClock:
     def __call__(self):
         self.sync()
         return self.clock()
+
+# %% ../nbs/00_recorder.ipynb #96d106a1
+MARKS = ('start', 'stop', 'begin_phase', 'end_phase', 'draw', 'draw_mark', 'start_batch', 'mark', 'end_batch', 'cancel', 'abort')
+
+class Relay:
+    "Passes each mark of `MARKS` on to `to`, the next object of the chain in front of the recorder; subclasses override what they watch"
+    def __init__(self, to):
+        self.to, self.rec = to, getattr(to, 'rec', to)  # `rec`: the recorder at the chain's end
+        for m in MARKS:  # a mark not overridden is the next object's own method: no call through this one
+            if getattr(type(self), m) is getattr(Relay, m): setattr(self, m, getattr(to, m))
+    def start(self, step:Step):
+        "Start the span `step` (`fit` or `epoch`)"
+        return self.to.start(step)
+    def stop(self, step:Step, t:float|None=None):
+        "Stop the span `step`, closing what is open inside it (at `t`, else now)"
+        return self.to.stop(step, t)
+    def begin_phase(self, phase:Phase):
+        "A `train` or `valid` loop starts"
+        return self.to.begin_phase(phase)
+    def end_phase(self, t:float|None=None):
+        "The loop ends (at `t`, else now), closing its last batch"
+        return self.to.end_phase(t)
+    def draw(self):
+        "`before_draw`: the next batch is about to be drawn"
+        return self.to.draw()
+    def draw_mark(self, slot:int) -> bool:
+        "A mark inside the draw (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`); False if the recorder ignored it"
+        return self.to.draw_mark(slot)
+    def start_batch(self, samples:float=_NAN):
+        "`before_batch` of a batch of `samples`"
+        return self.to.start_batch(samples)
+    def mark(self, slot:int):
+        "A boundary inside the batch, stored in `slot`"
+        return self.to.mark(slot)
+    def end_batch(self, samples:float|None=None):
+        "The batch ended (`after_batch`, Post), with its `samples` if not given at `start_batch`"
+        return self.to.end_batch(samples)
+    def cancel(self, flags:int=NO_STEP|NO_ZERO_GRAD, close:bool=True, t:float|None=None):
+        "fastai cancelled the batch's steps `flags`; if `close`, end what the cancelled batch left open"
+        return self.to.cancel(flags, close, t)
+    def abort(self):
+        "The fit died: close everything still open"
+        return self.to.abort()
 
 # %% ../nbs/00_recorder.ipynb #4a03270e
 def is_set(t:float) -> bool:

@@ -10,6 +10,7 @@ __all__ = ['IDLE', 'FitSession', 'SimpleProfilerCallback', 'SimpleProfilerPostCa
 
 # %% ../nbs/09_simpleprofiler.ipynb #5f678458
 import copy, os, sys, time, warnings
+from functools import partial
 from pathlib import Path
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -49,9 +50,9 @@ def _check_options(opts:dict, kinds:dict):
     check_log_every(opts['log_every'])
     check_memory(opts['memory'], opts['memory_every'])
     if opts['sync'] not in SYNC_MODES: raise ValueError(f'`sync` must be one of {", ".join(map(repr, SYNC_MODES))}, got {opts["sync"]!r}')
-    w = opts['warmup']
-    if isinstance(w, bool) or not isinstance(w, int) or w < 0:
-        raise ValueError(f'`warmup` must be an integer >= 0 (leading batches per epoch left out of the statistics), got {w!r}')
+    check_int('warmup', opts['warmup'], 0, 'leading batches per epoch left out of the statistics')
+    obs = opts['observers']
+    if not isinstance(obs, (list, tuple)) or not all(map(callable, obs)): raise ValueError(f'`observers` must be relays (`Relay` subclasses or callables taking the next object), got {obs!r}')
 
 # %% ../nbs/09_simpleprofiler.ipynb #fed1d529
 def _batch_size(learn):
@@ -60,44 +61,44 @@ def _batch_size(learn):
     try: return b[0].shape[0]
     except (AttributeError, IndexError, TypeError): return find_bs(b)
 
-class FitSession:
-    "One profiled fit while it runs: the recorder, where the marks go, the logger hub, the timing mode; built by Pre, read by Post"
+class FitSession(Relay):
+    "One profiled fit while it runs: the chain of marks in front of its recorder, the loggers, the timing mode; built by Pre, read by Post"
     active = True
-    def __init__(self,
-        rec:TimingRecorder, # The fit's recorder
+    def __init__(self, *,
+        rec:TimingRecorder, # The fit's recorder: the end of the chain of marks
+        observers:list=(), # Relays in front of the recorder, innermost first: each takes the next object (a `Relay` subclass, or a `partial` of one)
         mode:str='none', # The timing mode in use: 'none', 'device' or 'events'
         note:str='', # What the report's title says about the mode
         hub:LoggerHub|None=None, # The loggers that get live values and the results
-        window:TraceWindow|None=None, # A torch.profiler window over a few train batches
         count:bool=True, # Count each batch's samples, for samples/second
         pair:tuple=(), # The callbacks that hold this session, to leave idle and detach when the fit ends
         keep_open:bool=False, # Record every fit until closed (`learn.profiling()`), not only the first
-        memory=None, # The accelerator's allocator to read at the boundaries (`make_memory`), or None
-        memory_every:int=MEMORY_EVERY, # ... on every this many batches
-        memory_note:str='', # Why memory is not tracked, when `memory` is None
-        device:str='', # Where the model trains, for the memory report
+        memory_note:str='', # Why memory is not tracked, when no `MemoryTap` is in the chain
     ):
-        self.rec, self.mode, self.note, self.hub, self.count, self.pair = rec, mode, note, hub, count, tuple(pair)
+        chain, self.observers = rec, []
+        for make in observers: chain = make(chain); self.observers.append(chain)
+        super().__init__(chain)  # each mark is the front observer's (or the recorder's) own method: the session adds no call
+        self.mode, self.note, self.hub, self.count, self.pair, self.memory_note = mode, note, hub, count, tuple(pair), memory_note
         self.keep_open, self.fits, self.in_fit = keep_open, 1, True  # in_fit: between a fit's start and its end
-        self.trace = None if window is None else TraceObserver(rec, window)
-        to = rec if self.trace is None else self.trace  # where the marks go: straight to the recorder, or through the observer
-        self.memory, self.memory_note = None if memory is None else MemoryTap(to, memory, memory_every, device, rec.draw_mark), memory_note
-        if self.memory is not None: to = self.memory  # ... and through the memory tap in front of both
-        self.start, self.stop, self.begin_phase, self.end_phase = to.start, to.stop, to.begin_phase, to.end_phase
-        self.draw, self.start_batch, self.mark, self.end_batch, self.cancel, self.abort = to.draw, to.start_batch, to.mark, to.end_batch, to.cancel, to.abort
-        self.draw_mark = rec.draw_mark if self.memory is None else self.memory.draw_mark  # the marks inside a draw: to the recorder (a trace window does not need them)
 
+    def find(self, cls):
+        "The observer of class `cls` in the chain, or None"
+        return next((o for o in self.observers if isinstance(o, cls)), None)
+    @property
+    def trace(self) -> TraceObserver|None: return self.find(TraceObserver)
+    @property
+    def memory(self) -> MemoryTap|None: return self.find(MemoryTap)
     @property
     def trace_result(self) -> dict|None:
         "The trace window's results once the fit has stopped (None without a window)"
         return None if self.trace is None else self.trace.result
 
 class _IdleSession:
-    "The null session the callbacks hold between fits: nothing is recorded and every mark does nothing"
+    "The null session the callbacks hold between fits: nothing is recorded and every mark of `MARKS` does nothing"
     active = count = False
     rec = hub = trace = trace_result = memory = None
-    mode, note, pair, keep_open, fits, in_fit = 'none', '', (), False, 0, False
-    start = stop = begin_phase = end_phase = draw = start_batch = mark = draw_mark = end_batch = cancel = abort = staticmethod(noop)
+    mode, note, pair, keep_open, fits, in_fit, memory_note = 'none', '', (), False, 0, False, ''
+for _m in MARKS: setattr(_IdleSession, _m, staticmethod(noop))
 
 IDLE = _IdleSession()
 
@@ -153,6 +154,7 @@ class SimpleProfilerCallback(_ProfilerPair):
         baseline:str|Path|None=None, # A profile saved with `save_json` to compare this fit with: the comparison shows under the report, and in the advice
         memory:bool|str='auto', # Track accelerator memory per step: 'auto' (on an accelerator), True or False
         memory_every:int=MEMORY_EVERY, # Read the allocator on every this many batches (the first of each loop included)
+        observers:list=(), # More relays in front of the chain of marks (`Relay` subclasses, or callables taking the next object): your own observers
     ):
         opts = {k: v for k, v in locals().items() if k != 'self'}
         _check_options(opts, SimpleProfilerCallback.__init__.__annotations__)
@@ -179,10 +181,12 @@ class SimpleProfilerCallback(_ProfilerPair):
         "The session of the fit starting now, held by this pair, with the fit's span started"
         device = events.train_device(self.learn)
         rec, mode, note = make_recorder(self.sync, device, self.warmup, self.keep_raw)
-        window = TraceWindow(**{**self._trace, 'path': self._files['trace']}) if self._trace else None
         mem, why = make_memory(self.memory, device)
-        s = FitSession(rec, mode, note, LoggerHub.create(self.learn, self.logger_callback, self.log_every), window, post.samples_per_second,
-                       (self, post), self._until_closed, mem, self.memory_every, why, str(device))
+        observers = [*([partial(TraceObserver, window=TraceWindow(**{**self._trace, 'path': self._files['trace']}))] if self._trace else []),
+                     *([partial(MemoryTap, memory=mem, every=self.memory_every, device=str(device))] if mem is not None else []),
+                     *self.observers]  # the chain of marks, innermost first: a new observer is one more entry
+        s = FitSession(rec=rec, observers=observers, mode=mode, note=note, count=post.samples_per_second, pair=(self, post),
+                       hub=LoggerHub.create(self.learn, self.logger_callback, self.log_every), keep_open=self._until_closed, memory_note=why)
         s.start(Step.FIT)
         return s
 

@@ -9,7 +9,7 @@ __all__ = ['TRACE_NAME', 'TRACE_DEFAULTS', 'TOP_OPS', 'RANGE_NAMES', 'FASTAI_TIP
            'MatcherMissing', 'TraceWindow', 'TraceObserver']
 
 # %% ../nbs/04_trace.ipynb #430c82bc
-import json, os, re, tempfile, time, warnings
+import json, math, os, re, tempfile, time, warnings
 from pathlib import Path
 import numpy as np, pandas as pd, torch
 from torch.autograd.profiler import record_function
@@ -20,6 +20,7 @@ from .insight import Advice
 # %% ../nbs/04_trace.ipynb #54d57c3b
 TRACE_NAME = 'profile_trace.json'
 TRACE_DEFAULTS = dict(wait=2, warmup=1, active=3)
+_TRACE_LEAST = dict(wait=0, warmup=0, active=1)  # each length's smallest value
 TOP_OPS = 15
 _RECORDING = (ProfilerAction.RECORD, ProfilerAction.RECORD_AND_SAVE)
 
@@ -29,12 +30,10 @@ def trace_config(trace) -> dict|None:
     if trace is True: trace = {}
     if not isinstance(trace, dict):
         raise ValueError(f'`trace` must be True, False, None or a dict such as dict(wait=2, warmup=1, active=3), got {trace!r}')
-    bad = set(trace) - {'wait', 'warmup', 'active', 'path'}
+    bad = set(trace) - {*TRACE_DEFAULTS, 'path'}
     if bad: raise ValueError(f'`trace` keys must be among wait, warmup, active, path; got {sorted(bad)}')
     cfg = {**TRACE_DEFAULTS, 'path': TRACE_NAME, **trace}
-    for k, lo in (('wait', 0), ('warmup', 0), ('active', 1)):
-        v = cfg[k]
-        if isinstance(v, bool) or not isinstance(v, int) or v < lo: raise ValueError(f'`trace[{k!r}]` must be an integer >= {lo}, got {v!r}')
+    for k, lo in _TRACE_LEAST.items(): check_int(f'trace[{k!r}]', cfg[k], lo)
     if not isinstance(cfg['path'], (str, os.PathLike)) or not str(cfg['path']).strip():
         raise ValueError(f"`trace['path']` must be a file name or path, got {cfg['path']!r}")
     return cfg
@@ -240,13 +239,14 @@ class TraceWindow:
 _RANGE_AT = {AFTER_PRED: Step.LOSS, AFTER_LOSS: None, BEFORE_BACKWARD: Step.BACKWARD, BEFORE_STEP: Step.OPT_STEP,
              AFTER_STEP: Step.ZERO_GRAD, PRE_AFTER_BATCH: None}  # the range each mark opens (None: just close one)
 
-class TraceObserver:
-    "Sees every mark on its way to `rec`: runs `window` (a `TraceWindow`), names each fastai step in it, flags the batches it touches"
+class TraceObserver(Relay):
+    "A relay that runs `window` (a `TraceWindow`) as the marks pass: names each fastai step in it, flags the batches it touches"
     def __init__(self,
-        rec:TimingRecorder, # The fit's recorder, of any kind; it receives every mark unchanged
+        to, # The next object of the chain: the fit's recorder, of any kind, or another relay in front of it
         window:TraceWindow|None=None, # The trace window; default `TraceWindow()` (writes `profile_trace.json` here)
     ):
-        self.rec, self.window = rec, TraceWindow() if window is None else window
+        super().__init__(to)
+        self.window = TraceWindow() if window is None else window
         self.result, self._rf, self._n_train, self._profiler_s, self._flag_next = None, None, 0, 0.0, False
 
     def _flag(self):
@@ -263,11 +263,9 @@ class TraceObserver:
             self._rf = record_function(RANGE_NAMES[(phase, step)])
             self._rf.__enter__()
 
-    def start(self, step:Step): self.rec.start(step)
-
     def begin_phase(self, phase:Phase):
         self._range()
-        self.rec.begin_phase(phase)
+        self.to.begin_phase(phase)
 
     def draw(self):
         rec = self.rec
@@ -280,45 +278,45 @@ class TraceObserver:
                 self.window.step(k)
                 self._profiler_s += rec.clock() - t0
             else: self.window.step(k)
-        rec.draw()
+        self.to.draw()
         self._range(Step.DRAW)
 
-    def start_batch(self, *args):
-        rec = self.rec
-        rec.start_batch(*args)
-        if rec.phase is Phase.TRAIN: self._n_train += 1
+    def start_batch(self, samples:float=math.nan):
+        self.to.start_batch(samples)
+        train = self.rec.phase is Phase.TRAIN
+        if train: self._n_train += 1
         if self._flag_next or self.window.running:
             self._flag_next = False
             self._flag()
-        self._range(Step.FORWARD if rec.phase is Phase.TRAIN else Step.PREDICT)
+        self._range(Step.FORWARD if train else Step.PREDICT)
 
     def mark(self, slot:int):
-        self.rec.mark(slot)
+        self.to.mark(slot)
         if slot in _RANGE_AT: self._range(_RANGE_AT[slot])
 
-    def end_batch(self, *args):
-        self.rec.end_batch(*args)
+    def end_batch(self, samples:float|None=None):
+        self.to.end_batch(samples)
         self._range(Step.OTHER)
 
-    def end_phase(self, *args):
+    def end_phase(self, t:float|None=None):
         self._range()
-        self.rec.end_phase(*args)
+        self.to.end_phase(t)
 
     def cancel(self, flags:int=NO_STEP|NO_ZERO_GRAD, close:bool=True, t:float|None=None):
-        self.rec.cancel(flags, close, t)
+        self.to.cancel(flags, close, t)
         if close: self._range()
 
     def _finish(self, how):
         self.result = {**how(self._n_train), 'profiler_s': self._profiler_s}
 
-    def stop(self, step:Step, *args):
+    def stop(self, step:Step, t:float|None=None):
         if step is Step.FIT: self._range()
-        self.rec.stop(step, *args)
+        self.to.stop(step, t)
         if step is Step.FIT: self._finish(self.window.finish)
 
     def abort(self):
         "Close what is open after a failed fit, then stop the profiler keeping what it recorded"
         try:
             self._range()
-            self.rec.abort()
+            self.to.abort()
         finally: self._finish(self.window.abort)

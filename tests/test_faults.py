@@ -681,7 +681,7 @@ BOOL_BAD = ('yes', 1, 0, None, 1.0, [True])
 INT_BAD = (-1, 1.5, '1', None, True, float('nan'), [1])
 STR_BAD = ('', '   ', 3, None, b'name', ['a'])
 OPT_STR_BAD = (3, '', '  ', True, b'name')
-EXTRA_BAD = {'sync': ('fast', 'Auto', 'AUTO', 'cuda'), 'log_every': (0,),
+EXTRA_BAD = {'sync': ('fast', 'Auto', 'AUTO', 'cuda'), 'log_every': (0,), 'observers': (3, 'relay', [1], [None], ['relay']),
              'logger_callback': ('no_such_logger', ['no_such_logger'], ['auto', 'wandb'], [3]),
              'trace': ({'bogus': 1}, {'wait': -1}, {'active': 0}, {'warmup': 1.5}, {'path': ''})}
 POOL = ('yes', 1, -1, 1.5, None, b'name', [1], {'a': 1})
