@@ -11,6 +11,7 @@ __all__ = ['IDLE', 'FitSession', 'SimpleProfilerCallback', 'SimpleProfilerPostCa
 # %% ../nbs/09_simpleprofiler.ipynb #5f678458
 import copy, os, sys, time, warnings
 from functools import partial
+from operator import attrgetter
 from pathlib import Path
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -102,15 +103,14 @@ for _m in MARKS: setattr(_IdleSession, _m, staticmethod(noop))
 
 IDLE = _IdleSession()
 
-def _unmarked(self):
-    "A per-batch event this callback does not mark: defined, so fastai's dispatch finds it at once (a miss raises inside getattr)"
+_unmarked = type(None)  # a per-batch event a callback doesn't mark: found at once by fastai's lookup, and calling NoneType is a no-op without a Python frame
 
 class _ProfilerPair(Callback):
     "What both callbacks share: the fit's session (`IDLE` between fits, never pickled) and quick answers to fastai's lookups"
     _stateattrs = ('_session',)  # the live state of a fit in progress: a pickled or copied callback starts idle
     _session = IDLE
-    @property
-    def training(self): return self.learn.training
+    training = property(attrgetter('learn.training'), doc="`learn.training`, which fastai's dispatch reads at every per-batch event: "
+                        "looked up by `attrgetter`, without a Python call of ours")
     def wants_before_draw(self):
         "Only while recording: otherwise (`validate`, `get_preds`, a loop outside a fit) fastai runs its own loop"
         return self._session.active
