@@ -1,18 +1,31 @@
-"The README's Install section says what pyproject.toml does: the extras and what each installs, the repository to install from, and floors that are the oldest versions it reports passing."
-import re
+"""The front page and the install page say what the project does.
+
+README.md is the rendering of nbs/index.ipynb (scripts/readme.py), so the two can't drift. The install page
+(nbs/20_install.ipynb) says what pyproject.toml does: the extras and what each installs, the repository to install
+from, and floors that are the oldest versions it reports passing. The README's own install lines name the repository."""
+import re, importlib.util
 from pathlib import Path
 import pytest
 tomllib = pytest.importorskip('tomllib')  # Python 3.11+
+nbformat = pytest.importorskip('nbformat')
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT/'README.md').read_text()
+INSTALL = '\n\n'.join(c.source for c in nbformat.read(ROOT/'nbs'/'20_install.ipynb', as_version=4).cells
+                      if c.cell_type == 'markdown')
 PROJECT = tomllib.loads((ROOT/'pyproject.toml').read_text())['project']
 
-def section(title):
-    "The README's text from the heading `title` (any level) to the next heading of level 2"
-    start = re.search(rf'^#+ {re.escape(title)}\n', README, re.M).end()
-    end = README.find('\n## ', start)
-    return README[start:end if end >= 0 else None]
+def readme_script():
+    spec = importlib.util.spec_from_file_location('readme', ROOT/'scripts'/'readme.py')
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+def section(title, text=INSTALL):
+    "`text` from the heading `title` (any level) to the next heading of level 2"
+    start = re.search(rf'^#+ {re.escape(title)}\n', text, re.M).end()
+    end = text.find('\n## ', start)
+    return text[start:end if end >= 0 else None]
 
 def table(text):
     "The first markdown table in `text` as a list of dicts keyed by its header"
@@ -29,6 +42,29 @@ def version(s):
     while len(v) > 1 and v[-1] == 0: v.pop()
     return tuple(v)
 
+def test_readme_is_the_rendered_index():
+    mod = readme_script()
+    assert README == mod.render(nbformat.read(ROOT/'nbs'/'index.ipynb', as_version=4)), \
+        'README.md differs from nbs/index.ipynb: run `python scripts/readme.py`'
+
+def test_readme_is_short():
+    assert len(README.splitlines()) <= 150
+
+def test_render_skips_hidden_cells_and_directives():
+    mod = readme_script()
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell('See [Reading](13_reading.ipynb) and [fastai](https://docs.fast.ai).'),
+        nbformat.v4.new_code_cell('#| hide\nsecret = 1'),
+        nbformat.v4.new_code_cell('#| echo: false\nprint(2)', outputs=[nbformat.v4.new_output('stream', name='stdout', text='2\n')]),
+        nbformat.v4.new_code_cell('x = 3\nx', outputs=[
+            nbformat.v4.new_output('stream', name='stderr', text='a warning\n'),
+            nbformat.v4.new_output('display_data', data={'text/plain': '<IPython.core.display.HTML object>'}),
+            nbformat.v4.new_output('execute_result', data={'text/plain': '3'}, execution_count=1)])])
+    text = mod.render(nb)
+    assert '](nbs/13_reading.ipynb)' in text and '](https://docs.fast.ai)' in text
+    assert 'secret' not in text and '#|' not in text and 'print(2)' not in text and 'warning' not in text
+    assert '```\n2\n```' in text and '```python\nx = 3\nx\n```\n\n```\n3\n```' in text and 'IPython' not in text
+
 def test_every_extra_is_listed_with_what_it_installs():
     rows = {r['extra'].strip('`'): r['adds'] for r in table(section('Install')) if r['extra'].startswith('`')}
     extras = PROJECT['optional-dependencies']
@@ -41,8 +77,9 @@ def test_the_base_row_lists_the_dependencies():
     assert set(base['adds'].split(', ')) == {name(r) for r in PROJECT['dependencies']}
 
 def test_git_urls_are_the_repository():
-    urls = re.findall(r'git\+(https://[^"\s]+)"', section('Install'))
-    assert urls and set(urls) == {PROJECT['urls']['Repository']}
+    for text in (section('Install'), section('Install', README)):
+        urls = re.findall(r'git\+(https://[^"\s]+)"', text)
+        assert urls and set(urls) == {PROJECT['urls']['Repository']}
     assert f"git clone {PROJECT['urls']['Repository']} " in section('Install')
 
 def test_floors_are_stated_and_are_the_oldest_passing_row():
@@ -58,4 +95,7 @@ def test_floors_are_stated_and_are_the_oldest_passing_row():
     assert min(version(n) for p, n in pandas_numpy)[:2] == version(floor('numpy'))[:2]
 
 def test_requires_python_is_stated():
-    assert f"Python {PROJECT['requires-python'].replace('>=', '≥ ')} is required" in section('Tested with')
+    py = PROJECT['requires-python'].replace('>=', '≥ ')
+    assert f"Python {py} is required" in section('Tested with')
+    assert f"Python {py}" in section('Install', README)
+    for pkg in ('fastai', 'torch'): assert f'{pkg} ≥ {floor(pkg)}' in section('Install', README), pkg
