@@ -105,12 +105,27 @@ IDLE = _IdleSession()
 
 _unmarked = type(None)  # a per-batch event a callback doesn't mark: found at once by fastai's lookup, and calling NoneType is a no-op without a Python frame
 
+def _marking(to):
+    "The event method that hands the session the mark `to`: a slot for `mark`, or the name of another mark"
+    if isinstance(to, str): return lambda self: getattr(self._session, to)()
+    return lambda self: self._session.mark(to)
+
 class _ProfilerPair(Callback):
     "What both callbacks share: the fit's session (`IDLE` between fits, never pickled) and quick answers to fastai's lookups"
+    _marks = {}  # the per-batch events that only hand the session one mark: event -> the slot (or the mark's name)
     _stateattrs = ('_session',)  # the live state of a fit in progress: a pickled or copied callback starts idle
     _session = IDLE
     training = property(attrgetter('learn.training'), doc="`learn.training`, which fastai's dispatch reads at every per-batch event: "
                         "looked up by `attrgetter`, without a Python call of ours")
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        for ev, to in cls._marks.items(): setattr(cls, ev, _marking(to))
+    def _bind(self, s):
+        "While `s` records, each event of `_marks` is `s`'s own mark: fastai's dispatch calls it with no call of ours between"
+        for ev, to in self._marks.items(): self.__dict__[ev] = getattr(s, to) if isinstance(to, str) else partial(s.mark, to)
+    def _unbind(self):
+        for ev in self._marks: self.__dict__.pop(ev, None)
+    def __getstate__(self): return {k: v for k, v in super().__getstate__().items() if k not in self._marks}  # bound marks are the session's
     def wants_before_draw(self):
         "Only while recording: otherwise (`validate`, `get_preds`, a loop outside a fit) fastai runs its own loop"
         return self._session.active
@@ -134,6 +149,7 @@ class SimpleProfilerCallback(_ProfilerPair):
     _until_closed = False  # set by `learn.profiling()`: every fit until the block ends goes into one report
     _files = None  # the files to write, settled and checked once (`learn.profile()`, else the first `before_fit`)
     after_pred = after_loss = after_backward = after_step = _unmarked
+    _marks = dict(before_draw='draw', before_backward=BEFORE_BACKWARD, before_step=BEFORE_STEP, after_batch=PRE_AFTER_BATCH)
     def __init__(self,
         show_report:bool=True, # Display the formatted report after fit
         plain:bool=False, # In a notebook, display the report as plain text instead of a styled table
@@ -175,7 +191,8 @@ class SimpleProfilerCallback(_ProfilerPair):
         if self._files is None: self.settle_files(self.learn.path)  # a pair attached by hand: checked now, before training
         post = _partner(self.learn, SimpleProfilerPostCallback)
         if post is None: raise ValueError('SimpleProfilerCallback needs SimpleProfilerPostCallback: attach both with `learn.profile()`')
-        self._session = post._session = self._open(post)  # Pre builds the fit's session; Post reads it
+        self._session = post._session = s = self._open(post)  # Pre builds the fit's session; Post reads it
+        self._bind(s); post._bind(s)
 
     def _open(self, post) -> FitSession:
         "The session of the fit starting now, held by this pair, with the fit's span started"
@@ -208,16 +225,12 @@ class SimpleProfilerCallback(_ProfilerPair):
     def before_epoch(self): self._session.start(Step.EPOCH)
     def before_train(self): self._session.begin_phase(Phase.TRAIN)
     def before_validate(self): self._session.begin_phase(Phase.VALID)
-    def before_draw(self): self._session.draw()
     def draw_marker(self):
         "Where the loop sends the marks inside each draw (wait, transfer, transforms; see `events.split_draw`): the recorder, while recording"
         return self._session.draw_mark if self._session.active else None
     def before_batch(self):
         s = self._session
         s.start_batch(_batch_size(self.learn)) if s.count else s.start_batch()
-    def before_backward(self): self._session.mark(BEFORE_BACKWARD)
-    def before_step(self): self._session.mark(BEFORE_STEP)
-    def after_batch(self): self._session.mark(PRE_AFTER_BATCH)
     def after_cancel_backward(self): self._session.cancel(NO_BACKWARD, close=False)
     def after_cancel_step(self): self._session.cancel(NO_STEP, close=False)
     def after_cancel_batch(self): self._session.cancel()
@@ -231,6 +244,7 @@ class SimpleProfilerPostCallback(_ProfilerPair):
     "Pair with `SimpleProfilerCallback` to profile a fit; counts samples for `samples_per_second`"
     order,remove_on_fetch = FastaiRecorder.order-1,True
     before_draw = before_batch = before_backward = after_backward = before_step = _unmarked
+    _marks = dict(after_pred=AFTER_PRED, after_loss=AFTER_LOSS, after_step=AFTER_STEP)
     def __init__(self,
         samples_per_second:bool=True, # Count samples per batch to report samples/second
     ):
@@ -242,9 +256,6 @@ class SimpleProfilerPostCallback(_ProfilerPair):
         if pre is None: raise ValueError('SimpleProfilerPostCallback needs SimpleProfilerCallback: attach both with `learn.profile()`')
         if not self._session.active or not pre.run: self.run = False  # not recording this call
 
-    def after_pred(self): self._session.mark(AFTER_PRED)
-    def after_loss(self): self._session.mark(AFTER_LOSS)
-    def after_step(self): self._session.mark(AFTER_STEP)
     def after_batch(self):
         s = self._session
         s.end_batch()
@@ -416,7 +427,7 @@ def _release(self:SimpleProfilerCallback, learn):
     session = self._session
     pair = session.pair or (self, _partner(learn, SimpleProfilerPostCallback))  # the session's own pair: a re-armed one stays attached
     for cb in pair:
-        if cb is not None: cb._session = IDLE
+        if cb is not None: cb._session = IDLE; cb._unbind()
     learn.remove_cbs([cb for cb in pair if cb is not None and cb in learn.cbs])
     return session
 
