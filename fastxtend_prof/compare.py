@@ -19,7 +19,7 @@ import numpy as np, pandas as pd
 from scipy import stats as sps
 from .recorder import *
 from .report import read_json_doc, results_of_doc, run_metadata, format_duration, text_table, text_width
-from .insight import Advice
+from .advice import Advice
 from .plots import SEGMENT_COLORS, DRAW_PARTS, _segments, _new_axes, _duration_ticks, _save
 
 # %% ../nbs/08_compare.ipynb #57f9b0b8

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np, pandas as pd
 import torch.distributed as dist
 from .report import RESULT_COLS, KEY_COLS, format_report, format_duration
-from .insight import Advice
+from .advice import Advice
 
 # %% ../nbs/05_distributed.ipynb #dd9cba62
 def dist_info() -> tuple:
