@@ -20,7 +20,7 @@ from scipy import stats as sps
 from .recorder import *
 from .report import read_json_doc, results_of_doc, run_metadata, format_duration, text_table, text_width
 from .advice import Advice
-from .plots import SEGMENT_COLORS, DRAW_PARTS, _segments, _new_axes, _duration_ticks, _save
+from .plots import SEGMENT_COLORS, DRAW_PARTS, segment_times, new_axes, duration_ticks, save_figure
 
 # %% ../nbs/08_compare.ipynb #57f9b0b8
 COMPARED = (Step.ITERATION, Step.DRAW, Step.WAIT, Step.TRANSFER, Step.TRANSFORMS, Step.BATCH, Step.FORWARD, Step.PREDICT, Step.LOSS, Step.BACKWARD, Step.OPT_STEP,
@@ -298,13 +298,13 @@ def plot_comparison(base, # The baseline: a JSON file, a `SavedProfile` or a pro
     b, n = as_profile(base, 'base'), as_profile(new, 'new')
     phases = [p for p in ('train', 'valid') if _per_batch(b.results, p) and _per_batch(n.results, p)]
     if not phases: raise ValueError('`base` and `new` have no train or valid phase in common to plot')
-    fig, ax = _new_axes(ax, (9, 1.9 + 1.1*len(phases)))
+    fig, ax = new_axes(ax, (9, 1.9 + 1.1*len(phases)))
     ticks, seen = [], {}
     for i, p in enumerate(phases):
         totals = []
         for j, (label, prof) in enumerate((('base', b), ('new', n))):
             y, left = 2.6*i + j, 0.
-            for s, w in _segments(_per_batch(prof.results, p), p).items():
+            for s, w in segment_times(_per_batch(prof.results, p), p).items():
                 if s == 'warmup': continue
                 seen[s] = ax.barh(y, float(w), left=left, height=0.8, color=SEGMENT_COLORS[s], edgecolor='white', linewidth=0.5, label=s, gid=f'{p}:{label}:{s}')
                 left += float(w)
@@ -314,9 +314,9 @@ def plot_comparison(base, # The baseline: a JSON file, a `SavedProfile` or a pro
     ax.set_yticks([t for t, _ in ticks], [l for _, l in ticks])
     ax.invert_yaxis()
     ax.set_xlim(0, max(ax.get_xlim()[1], 1e-12)*1.2)
-    ax.xaxis.set_major_formatter(_duration_ticks())
+    ax.xaxis.set_major_formatter(duration_ticks())
     ax.set_xlabel('time per batch, warmup left out')
     ax.set_title('Base against new: time per batch by step')
     ax.legend(seen.values(), seen.keys(), loc='upper center', bbox_to_anchor=(0.5, -0.25), ncol=5, fontsize=8, frameon=False)
-    if fname is not None: _save(fig, fname)
+    if fname is not None: save_figure(fig, fname)
     return fig
