@@ -176,9 +176,8 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
                      confidence:float=CONFIDENCE, # Of the interval on the change of the mean
                     ) -> pd.DataFrame:
     "Per (phase, step), how `new`'s per-batch times differ from `base`'s, with a test; the verdict and warnings in `.attrs`"
-    for name, v, lo, hi in (('alpha', alpha, 0, 1), ('confidence', confidence, 0, 1), ('min_change', min_change, 0, math.inf), ('min_share', min_share, 0, math.inf)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo < v < hi or (name.startswith('min_') and v == 0)):
-            raise ValueError(f'`{name}` must be a number in ({lo}, {hi}), got {v!r}')
+    check_number('alpha', alpha, 0, 1, open_lo=True); check_number('confidence', confidence, 0, 1, open_lo=True)
+    check_number('min_change', min_change, why='percent'); check_number('min_share', min_share, why="percent of the phase's iteration")
     b, n = as_profile(base, 'base'), as_profile(new, 'new')
     keys = set(zip(n.results.Phase, n.results.Step))
     rows = [_row(b, n, p, a, s, alpha, min_change, confidence) for p, a, s in zip(b.results.Phase, b.results.Action, b.results.Step)

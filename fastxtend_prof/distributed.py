@@ -14,6 +14,7 @@ import itertools, math, os, pickle, time, warnings
 from dataclasses import dataclass, field
 import numpy as np, pandas as pd
 import torch.distributed as dist
+from .recorder import check_number
 from .report import RESULT_COLS, KEY_COLS, format_report, format_duration
 from .advice import Advice
 
@@ -206,8 +207,7 @@ def gather_profile(
 ) -> GatherResult|None:
     "Send every rank's `results` to rank 0 and merge them there, waiting at most `timeout` s; None when not distributed"
     if timeout is None: timeout = GATHER_TIMEOUT
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
-        raise ValueError(f'`timeout` must be a number of seconds >= 0, got {timeout!r}')
+    check_number('timeout', timeout, why='seconds rank 0 waits for the other ranks')
     init, rank, world = dist_info()
     if not init or world < 2: return None
     if not failed or results is not None: _check_results(results, 'results')

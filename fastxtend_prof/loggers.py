@@ -111,9 +111,7 @@ def check_logger_callback(logger_callback='auto'):
 
 def check_log_every(log_every:int=10) -> int:
     "`log_every` if it is an integer >= 1, else ValueError"
-    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
-        raise ValueError(f'`log_every` must be an integer >= 1 (train batches per live log), got {log_every!r}')
-    return log_every
+    return check_int('log_every', log_every, lo=1, why='train batches per live log')
 
 # %% ../nbs/06_loggers.ipynb #f1e1046b
 def summary_values(results:pd.DataFrame) -> dict:
