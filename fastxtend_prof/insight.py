@@ -18,7 +18,7 @@ import math, os, warnings
 import numpy as np, pandas as pd, torch
 from .recorder import *
 from .advice import Advice, SEVERITIES, show_advice
-from .report import format_duration, results_frame
+from .report import format_duration, results_frame, ITERATION_STEPS, TRAIN_PARTS
 from .events import train_device
 from .memory import format_bytes, batch_estimate, MEMORY_TARGET
 _all_ = ['Advice', 'SEVERITIES', 'show_advice']  # their home is `advice`; `from fastxtend_prof.insight import Advice` keeps working
@@ -82,17 +82,17 @@ def synthetic_run(
             for _ in range(n):
                 d = {**base, **slow.get(k, {})} if phase is Phase.TRAIN else base
                 rec.draw()
-                if transfer is None: clk.t += d['draw']
+                if transfer is None: clk.t += d[Step.DRAW]
                 else:  # the loader's marks inside the draw: wait, then transfer, then transforms
-                    clk.t += d['draw'] - transfer - transforms; rec.draw_mark(AFTER_LOAD)
+                    clk.t += d[Step.DRAW] - transfer - transforms; rec.draw_mark(AFTER_LOAD)
                     clk.t += transfer; rec.draw_mark(BEFORE_TFMS); clk.t += transforms; rec.draw_mark(AFTER_TFMS)
                 rec.start_batch()
-                clk.t += d['forward']; rec.mark(AFTER_PRED); clk.t += d['loss']; rec.mark(AFTER_LOSS)
+                clk.t += d[Step.FORWARD]; rec.mark(AFTER_PRED); clk.t += d[Step.LOSS]; rec.mark(AFTER_LOSS)
                 if phase is Phase.TRAIN:
-                    rec.mark(BEFORE_BACKWARD); clk.t += d['backward']; rec.mark(BEFORE_STEP)
-                    clk.t += d['opt_step']; rec.mark(AFTER_STEP); clk.t += d['zero_grad']
+                    rec.mark(BEFORE_BACKWARD); clk.t += d[Step.BACKWARD]; rec.mark(BEFORE_STEP)
+                    clk.t += d[Step.OPT_STEP]; rec.mark(AFTER_STEP); clk.t += d[Step.ZERO_GRAD]
                     k += 1
-                rec.mark(PRE_AFTER_BATCH); rec.end_batch(bs); clk.t += d['other']
+                rec.mark(PRE_AFTER_BATCH); rec.end_batch(bs); clk.t += d[Step.OTHER]
             rec.draw(); rec.end_phase()  # the loop's last draw finds the loader empty
         rec.stop(Step.EPOCH)
     rec.stop(Step.FIT)
@@ -136,14 +136,14 @@ def run_context(learn, sync:str|None=None) -> dict:
                 optimizer=_optimizer_name(learn), cpu_count=os.cpu_count())
 
 # %% ../nbs/03_insight.ipynb #a341e16f
-def _rows(results:pd.DataFrame, phase:str='train') -> dict:
+def _rows(results:pd.DataFrame, phase:Phase=Phase.TRAIN) -> dict:
     "`{step: row}` of `phase` in `results`, only steps that ran"
     r = results[(results.Phase == phase) & (results['Number of Calls'] > 0)]
     return {s: row for s, (_, row) in zip(r.Step, r.iterrows())}
 
 def _step_total(r:dict) -> float:
     "Steady train loop time: the totals of draw, batch and other"
-    return sum(float(r[s]['Total Time']) for s in ('draw', 'batch', 'other') if s in r)
+    return sum(float(r[s]['Total Time']) for s in ITERATION_STEPS if s in r)
 
 def _ms(s): return format_duration(s)
 
@@ -155,9 +155,9 @@ def _runs(table) -> list:
 def data_bound(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
     "The loader's `wait` (or the whole `draw`, when it was not split) is at least `DATA_BOUND_SHARE` of the train loop's steady time"
     r = _rows(results)
-    if 'draw' not in r or 'batch' not in r: return []
-    draw, total, n = r['draw'], _step_total(r), int(r['draw']['Number of Calls'])
-    wait = r.get('wait', draw)  # the loader's own part of the draw; the copy and the transforms have their own rules
+    if Step.DRAW not in r or Step.BATCH not in r: return []
+    draw, total, n = r[Step.DRAW], _step_total(r), int(r[Step.DRAW]['Number of Calls'])
+    wait = r.get(Step.WAIT, draw)  # the loader's own part of the draw; the copy and the transforms have their own rules
     share = float(draw['Total Time'])/total if total > 0 else 0.0
     wait_share = float(wait['Total Time'])/total if total > 0 else 0.0
     if wait_share < DATA_BOUND_SHARE or wait['Mean Duration'] < DATA_BOUND_MIN_DRAW: return []
@@ -165,7 +165,7 @@ def data_bound(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
     sps, sps_free = samples/total, samples/(total - float(wait['Total Time']))
     ev = dict(draw_share=share, draw_mean_s=float(draw['Mean Duration']), step_mean_s=total/n,
               samples_per_second=sps, samples_per_second_without_wait=sps_free)
-    if 'wait' in r: ev.update(wait_share=wait_share, wait_mean_s=float(wait['Mean Duration']))
+    if Step.WAIT in r: ev.update(wait_share=wait_share, wait_mean_s=float(wait['Mean Duration']))
     verdict = f"the train loop waits for data {wait_share:.0%} of the time ({_ms(float(wait['Mean Duration']))} of {_ms(ev['step_mean_s'])} per batch)"
     if not math.isnan(sps): verdict += f'; without the wait it would run at up to {sps_free:,.0f} samples/s instead of {sps:,.0f}'
     nw, tips = ctx.get('num_workers'), []
@@ -204,7 +204,7 @@ def startup(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
     if not ev or fit_time <= 0 or excess/fit_time < STARTUP_MIN_SHARE: return []
     ev.update(startup_excess_s=excess, share_of_fit=excess/fit_time)
     phases = ' and '.join(f"{p} ({_ms(ev[f'{p}_startup_s'])} vs a {_ms(ev[f'{p}_steady_draw_s'])} draw)"
-                          for p in ('train', 'valid') if f'{p}_startup_s' in ev)
+                          for p in (Phase.TRAIN, Phase.VALID) if f'{p}_startup_s' in ev)
     verdict = f'Every epoch starts slowly: the first batch of the {phases} loop; {excess/fit_time:.0%} of the fit goes to start-ups after the first epoch.'
     nw, loader = ctx.get('num_workers'), ctx.get('loader')
     if not nw: tip = ('with no worker processes the start-up is the loader\'s own: look at what begins an iteration '
@@ -221,10 +221,10 @@ def startup(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
 def host_bound_opt_step(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
     "`opt_step` is at least `OPT_STEP_RATIO` of forward + backward and `OPT_STEP_MIN_SHARE` of the step"
     r = _rows(results)
-    if not {'opt_step', 'forward', 'backward'} <= r.keys(): return []
-    opt, fb = float(r['opt_step']['Mean Duration']), float(r['forward']['Mean Duration'] + r['backward']['Mean Duration'])
+    if not {Step.OPT_STEP, Step.FORWARD, Step.BACKWARD} <= r.keys(): return []
+    opt, fb = float(r[Step.OPT_STEP]['Mean Duration']), float(r[Step.FORWARD]['Mean Duration'] + r[Step.BACKWARD]['Mean Duration'])
     total = _step_total(r)
-    share = float(r['opt_step']['Total Time'])/total if total > 0 else 0.0
+    share = float(r[Step.OPT_STEP]['Total Time'])/total if total > 0 else 0.0
     if fb <= 0 or opt/fb < OPT_STEP_RATIO or share < OPT_STEP_MIN_SHARE or opt < OPT_STEP_MIN: return []
     ev = dict(opt_step_mean_s=opt, forward_backward_mean_s=fb, ratio=opt/fb, share_of_step=share)
     name = ctx.get('optimizer') or ''
@@ -240,9 +240,9 @@ def host_bound_opt_step(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict)
 def heavy_callbacks(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
     "The median `other` is at least `OTHER_SHARE` of the median train step and `OTHER_MIN` seconds"
     r = _rows(results)
-    if not {'draw', 'batch', 'other'} <= r.keys(): return []
-    other = float(r['other']['Median Duration'])
-    step = sum(float(r[s]['Median Duration']) for s in ('draw', 'batch', 'other'))
+    if not set(ITERATION_STEPS) <= r.keys(): return []
+    other = float(r[Step.OTHER]['Median Duration'])
+    step = sum(float(r[s]['Median Duration']) for s in ITERATION_STEPS)
     if other < OTHER_MIN or step <= 0 or other/step < OTHER_SHARE: return []
     cbs = list(ctx.get('callbacks_in_other') or [])
     ev = dict(other_median_s=other, step_median_s=step, share=other/step, callbacks=cbs)
@@ -256,10 +256,10 @@ def heavy_callbacks(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> 
 def slow_transfer(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
     "`transfer` is at least `TRANSFER_SHARE` of the draw, `TRANSFER_MIN_SHARE` of the train loop and `TRANSFER_MIN` per batch"
     r = _rows(results)
-    if not {'draw', 'transfer', 'batch'} <= r.keys(): return []
-    tr, draw, total = float(r['transfer']['Mean Duration']), float(r['draw']['Mean Duration']), _step_total(r)
+    if not {Step.DRAW, Step.TRANSFER, Step.BATCH} <= r.keys(): return []
+    tr, draw, total = float(r[Step.TRANSFER]['Mean Duration']), float(r[Step.DRAW]['Mean Duration']), _step_total(r)
     of_draw = tr/draw if draw > 0 else 0.0
-    of_step = float(r['transfer']['Total Time'])/total if total > 0 else 0.0
+    of_step = float(r[Step.TRANSFER]['Total Time'])/total if total > 0 else 0.0
     if of_draw < TRANSFER_SHARE or of_step < TRANSFER_MIN_SHARE or tr < TRANSFER_MIN: return []
     pinned = ctx.get('pin_memory')
     ev = dict(transfer_mean_s=tr, draw_mean_s=draw, share_of_draw=of_draw, share_of_step=of_step, pin_memory=pinned)
@@ -275,11 +275,11 @@ def slow_transfer(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> li
 def heavy_transforms(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
     "The batch `transforms` are at least `TFMS_SHARE` of the train loop and `TFMS_MIN` per batch"
     r = _rows(results)
-    if not {'draw', 'transforms', 'batch'} <= r.keys(): return []
-    t, total = float(r['transforms']['Mean Duration']), _step_total(r)
-    share = float(r['transforms']['Total Time'])/total if total > 0 else 0.0
+    if not {Step.DRAW, Step.TRANSFORMS, Step.BATCH} <= r.keys(): return []
+    t, total = float(r[Step.TRANSFORMS]['Mean Duration']), _step_total(r)
+    share = float(r[Step.TRANSFORMS]['Total Time'])/total if total > 0 else 0.0
     if share < TFMS_SHARE or t < TFMS_MIN: return []
-    ev = dict(transforms_mean_s=t, share_of_step=share, draw_mean_s=float(r['draw']['Mean Duration']))
+    ev = dict(transforms_mean_s=t, share_of_step=share, draw_mean_s=float(r[Step.DRAW]['Mean Duration']))
     tip = ('use fewer or cheaper batch augmentations (smaller `max_rotate`, `max_zoom`, `max_lighting`, no `max_warp`), or fastai\'s '
            '`aug_transforms`, which composes its affine and lighting changes into one pass per batch')
     tip += ('; they run on the CPU here: put the DataLoaders on the GPU (`dls.to(\'cuda\')`).' if ctx.get('device') == 'cpu' else '.')
@@ -287,8 +287,6 @@ def heavy_transforms(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) ->
     return [Advice('heavy_transforms', 'warning', ev, tip[0].upper() + tip[1:], verdict)]
 
 # %% ../nbs/03_insight.ipynb #772cf3ed
-_BATCH_STEPS = (Step.DRAW, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER)
-
 def unstable_steps(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
     "The p99 train step is `UNSTABLE_RATIO` times the median and stragglers cost `UNSTABLE_MIN_SHARE` of the steps"
     if rec is None: return []
@@ -309,8 +307,8 @@ def unstable_steps(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> l
     if share < UNSTABLE_MIN_SHARE: return []
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', RuntimeWarning)  # a step that never ran has an all-NaN median
-        meds = {s: np.nanmedian(iv[s][0][keep]) for s in _BATCH_STEPS}
-    worst = [str(max(_BATCH_STEPS, key=lambda s: np.nan_to_num(iv[s][0][i] - meds[s], nan=-np.inf))) for i in slow_local]
+        meds = {s: np.nanmedian(iv[s][0][keep]) for s in TRAIN_PARTS}
+    worst = [str(max(TRAIN_PARTS, key=lambda s: np.nan_to_num(iv[s][0][i] - meds[s], nan=-np.inf))) for i in slow_local]
     firsts = np.array([first for first, _, _ in runs])
     epoch = np.searchsorted(firsts, slow, side='right') - 1
     ev = dict(median_s=med, p99_s=p99, ratio=p99/med, share=share, batches=slow.tolist(),
@@ -320,8 +318,8 @@ def unstable_steps(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> l
     shown = ', '.join(f'{e}/{b}' for e, b in ev['epoch_batch'][:8]) + (', ...' if len(slow) > 8 else '')
     verdict = (f'{len(slow)} straggling train batches (epoch/batch {shown}) take over {UNSTABLE_RATIO}x the median step '
                f'({_ms(med)}; p99 {_ms(p99)}), mostly in `{top}`; they cost {share:.0%} of the steps\' time.')
-    tips = {'draw': 'stragglers in `draw` point at I/O or the loader: read from local disk, cache, add workers or `prefetch_factor`.',
-            'other': 'stragglers in `other` point at logging or the garbage collector: log less often, call `gc.freeze()` after building the model.'}
+    tips = {Step.DRAW: 'stragglers in `draw` point at I/O or the loader: read from local disk, cache, add workers or `prefetch_factor`.',
+            Step.OTHER: 'stragglers in `other` point at logging or the garbage collector: log less often, call `gc.freeze()` after building the model.'}
     tip = tips.get(top, f'stragglers in `{top}` point at the garbage collector or other processes on the machine: '
                         'try `gc.freeze()` after building the model and check what else runs.')
     return [Advice('unstable_steps', 'warning', ev, tip[0].upper() + tip[1:], verdict)]
@@ -341,18 +339,18 @@ MEMORY_ROOM = 0.5  # a fit peak below this share of the device's memory leaves r
 MEMORY_NEAR = 0.9  # ... at or above it, the fit is close to running out
 
 _PEAK_HINTS = {
-    'forward': "the forward's activations: mixed precision (`learn.to_fp16()`) halves them; activation checkpointing (`torch.utils.checkpoint`) trades them for compute",
-    'loss': 'the loss on large outputs: compute it in chunks, or under mixed precision (`learn.to_fp16()`)',
-    'backward': 'the backward holds the activations and the gradients at once: mixed precision (`learn.to_fp16()`), activation checkpointing, or a smaller batch with `GradientAccumulation`',
-    'opt_step': "the optimizer's state and temporaries: a lighter optimizer (SGD with momentum keeps one buffer, Adam two), or fewer parameters trained at once (`learn.freeze()`)",
-    'zero_grad': 'gradients kept between batches: `zero_grad(set_to_none=True)` frees them',
-    'draw': 'the batch itself on the device, and its batch transforms: a smaller batch or lighter GPU augmentations',
-    'other': 'something a callback or the loop keeps between batches (predictions, losses, metrics on the device)'}
+    Step.FORWARD: "the forward's activations: mixed precision (`learn.to_fp16()`) halves them; activation checkpointing (`torch.utils.checkpoint`) trades them for compute",
+    Step.LOSS: 'the loss on large outputs: compute it in chunks, or under mixed precision (`learn.to_fp16()`)',
+    Step.BACKWARD: 'the backward holds the activations and the gradients at once: mixed precision (`learn.to_fp16()`), activation checkpointing, or a smaller batch with `GradientAccumulation`',
+    Step.OPT_STEP: "the optimizer's state and temporaries: a lighter optimizer (SGD with momentum keeps one buffer, Adam two), or fewer parameters trained at once (`learn.freeze()`)",
+    Step.ZERO_GRAD: 'gradients kept between batches: `zero_grad(set_to_none=True)` frees them',
+    Step.DRAW: 'the batch itself on the device, and its batch transforms: a smaller batch or lighter GPU augmentations',
+    Step.OTHER: 'something a callback or the loop keeps between batches (predictions, losses, metrics on the device)'}
 
 def _memory_rows(results:pd.DataFrame) -> pd.DataFrame:
     "The train steps of `results` with a peak"
     if 'Peak Memory' not in results: return results.iloc[:0]
-    return results[(results.Phase == 'train') & results.Step.isin(list(_PEAK_HINTS)) & results['Peak Memory'].notna()]
+    return results[(results.Phase == Phase.TRAIN) & results.Step.isin(list(_PEAK_HINTS)) & results['Peak Memory'].notna()]
 
 def memory_near_capacity(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
     "The fit's memory peak is at least `MEMORY_NEAR` of the device's: which step peaks, and what usually helps"

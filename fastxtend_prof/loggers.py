@@ -26,7 +26,7 @@ DURATION_KEYS = {s: f'duration/train_{s}' for s in LIVE_STEPS}
 LIVE_KEYS = tuple(SPS_KEYS.values()) + tuple(DURATION_KEYS.values())
 
 # %% ../nbs/06_loggers.ipynb #5b03b1df
-_LIVE_SPANS = {Step.DRAW: (BEFORE_DRAW, BEFORE_BATCH, 0), Step.BATCH: (BEFORE_BATCH, POST_AFTER_BATCH, 0), **{s: SUB_STEPS[s] for s in LIVE_STEPS[2:]}}
+_LIVE_SPANS = {s: (*STEP_SLOTS[s], SUB_STEPS[s][2] if s in SUB_STEPS else 0) for s in LIVE_STEPS}  # first slot, last slot, the flag of a step that did not run
 _STARTS, _ENDS, _FLAGS = (np.array(c) for c in zip(*_LIVE_SPANS.values()))
 
 def train_window(rec:TimingRecorder, n:int):

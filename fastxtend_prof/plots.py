@@ -16,7 +16,7 @@ import numpy as np, pandas as pd
 from fastcore.basics import patch
 from fastai.learner import Learner
 from .recorder import *
-from .report import format_duration
+from .report import format_duration, ITERATION_STEPS
 
 # %% ../nbs/07_plots.ipynb #eaf7da4f
 def _show_in_notebook(shell=None):
@@ -59,7 +59,7 @@ def save_figure(fig, # A matplotlib figure
 
 # %% ../nbs/07_plots.ipynb #c482384e
 TIMELINE_STEPS = (Step.DRAW, Step.FORWARD, Step.PREDICT, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.BATCH, Step.OTHER)
-TIMELINE_COLS = ('phase', 'epoch', 'iter', 'warmup', 'trace', 'start', 'samples') + tuple(map(str, TIMELINE_STEPS)) + ('total',)
+TIMELINE_COLS = ('phase', 'epoch', 'iter', *map(str, APART), 'start', 'samples') + tuple(map(str, TIMELINE_STEPS)) + ('total',)  # a flag column per row set apart
 
 def _phase_frame(rec, phase, steps, origin):
     tb = rec.tables[phase]
@@ -67,7 +67,7 @@ def _phase_frame(rec, phase, steps, origin):
     epoch, it = tb.positions(tb.offset + np.arange(len(m)))  # with keep_raw=False earlier rows were folded away
     ivs = phase_intervals(tb, 0, [s for s in steps if s not in APART], apart=False)  # every batch's own times
     cols = {str(s): d for s, (d, _) in ivs.items()}
-    total = cols['draw'] + cols['batch'] + cols['other']
+    total = sum(cols[s] for s in ITERATION_STEPS)
     traced = traced_rows(m)
     return pd.DataFrame(dict(phase=str(phase), epoch=epoch, iter=it, warmup=(it < rec.warmup) & ~traced, trace=traced, start=m[:, BEFORE_DRAW] - origin,
                              samples=m[:, SAMPLES], **cols, total=total))
@@ -89,19 +89,22 @@ def timeline_frame(rec:TimingRecorder, # The recorder of a profiled fit: `learn.
 
 # %% ../nbs/07_plots.ipynb #099f2d07
 BETWEEN = 'between steps'
-SEGMENTS = {Phase.TRAIN: ('draw', 'forward', 'loss', 'backward', 'opt_step', 'zero_grad', BETWEEN, 'other', 'warmup'),
-            Phase.VALID: ('draw', 'predict', 'loss', BETWEEN, 'other', 'warmup')}
+def _phase_segments(steps) -> tuple:
+    "The draw, the batch's steps among `steps`, what runs between them, other and warmup: names in the order a batch runs them"
+    return (str(Step.DRAW), *(str(s) for s in SUB_STEPS if s in steps), BETWEEN, str(Step.OTHER), str(Step.WARMUP))
+
+SEGMENTS = {Phase.TRAIN: _phase_segments(TRAIN_STEPS), Phase.VALID: _phase_segments(VALID_STEPS)}
 DRAW_PARTS = tuple(map(str, DRAW_STEPS))  # a split draw's segments, in place of `draw`
-SEGMENT_COLORS = {'draw': '#4c72b0', 'wait': '#4c72b0', 'transfer': '#64b5cd', 'transforms': '#a6bddb', 'forward': '#dd8452', 'predict': '#dd8452', 'loss': '#55a868', 'backward': '#c44e52',
-                  'opt_step': '#8172b3', 'zero_grad': '#937860', BETWEEN: '#da8bc3', 'other': '#8c8c8c', 'warmup': '#d9d9d9', 'trace': '#ccb974'}
-HATCHES = {'warmup': '//', 'trace': 'xx'}  # whole batches set apart from the statistics
-_SUB = ('forward', 'predict', 'loss', 'backward', 'opt_step', 'zero_grad')
+SEGMENT_COLORS = {Step.DRAW: '#4c72b0', Step.WAIT: '#4c72b0', Step.TRANSFER: '#64b5cd', Step.TRANSFORMS: '#a6bddb', Step.FORWARD: '#dd8452',
+                  Step.PREDICT: '#dd8452', Step.LOSS: '#55a868', Step.BACKWARD: '#c44e52', Step.OPT_STEP: '#8172b3', Step.ZERO_GRAD: '#937860',
+                  BETWEEN: '#da8bc3', Step.OTHER: '#8c8c8c', Step.WARMUP: '#d9d9d9', Step.TRACE: '#ccb974'}
+HATCHES = {Step.WARMUP: '//', Step.TRACE: 'xx'}  # whole batches set apart from the statistics
 
 def segment_names(times:dict, phase) -> list:
     "The segments of `phase` given the steps in `times`: `SEGMENTS`, the draw's parts in place of `draw` when it was split, `trace` when it ran"
-    segs = list(SEGMENTS[Phase(phase)]) + (['trace'] if 'trace' in times else [])  # a trace window's batches, when it ran
-    if 'wait' in times:  # the draw was split: its parts add up to it
-        i = segs.index('draw')
+    segs = list(SEGMENTS[Phase(phase)]) + ([str(Step.TRACE)] if Step.TRACE in times else [])  # a trace window's batches, when it ran
+    if Step.WAIT in times:  # the draw was split: its parts add up to it
+        i = segs.index(Step.DRAW)
         segs[i:i+1] = [s for s in DRAW_PARTS if s in times]
     return segs
 
@@ -110,7 +113,7 @@ def segment_times(times:dict, phase) -> dict:
     get = lambda k: np.nan_to_num(np.asarray(times.get(k, 0.), dtype=np.float64))
     segs = segment_names(times, phase)
     out = {s: get(s) for s in segs if s != BETWEEN}
-    rest = get('batch') - sum(get(s) for s in _SUB if s in out)
+    rest = get(Step.BATCH) - sum(get(s) for s in SUB_STEPS if s in out)
     out[BETWEEN] = np.clip(rest, 0, None)  # float noise of a difference of equal sums
     return {s: out[s] for s in segs}
 
@@ -130,8 +133,8 @@ def _keep_fitting(fig, labelled, pad:float=2.):
     "Remove each label of `labelled` (`(patch, text)` pairs) wider than its patch less `pad` points a side, as `fig` draws them"
     fig.canvas.figure.draw_without_rendering()  # lays the whole figure out, so the extents are the drawn ones
     room = 2*pad*fig.canvas.figure.dpi/72
-    for patch, text in labelled:
-        if text.get_window_extent().width + room > patch.get_window_extent().width: text.remove()
+    for bar, text in labelled:
+        if text.get_window_extent().width + room > bar.get_window_extent().width: text.remove()
 
 def plot_profile(results:pd.DataFrame, # `learn.simple_profile_results`
                  ax=None, # A matplotlib axes to draw on; a new figure when None
@@ -162,8 +165,8 @@ def plot_profile(results:pd.DataFrame, # `learn.simple_profile_results`
     ax.set_xlabel('time in the phase (labels: percent of the phase)')
     ax.set_title('Where the time went')
     handles = {c.get_label(): c for c in ax.containers}
-    if 'forward' in handles and 'predict' in handles:  # one colour, one legend entry
-        handles = {('forward / predict' if k == 'forward' else k): v for k, v in handles.items() if k != 'predict'}
+    if Step.FORWARD in handles and Step.PREDICT in handles:  # one colour, one legend entry
+        handles = {('forward / predict' if k == Step.FORWARD else k): v for k, v in handles.items() if k != Step.PREDICT}
     legend = ax.legend(handles.values(), handles.keys(), loc='upper center', bbox_to_anchor=(0.5, -0.5 if len(phases) == 1 else -0.3),
                        ncol=5, fontsize=8, frameon=False)
     _legend_note(ax, legend, ' ', x=0.5, ha='center')
@@ -175,10 +178,10 @@ def plot_profile(results:pd.DataFrame, # `learn.simple_profile_results`
 def plot_timeline(rec:TimingRecorder, # The recorder of a profiled fit: `learn.simple_profile_recorder`
                   ax=None, # A matplotlib axes to draw on; a new figure when None
                   fname:str|Path|None=None, # Save the figure to this file (PNG unless its suffix says otherwise)
-                  phase:str='train', # Which loop's batches to draw: 'train' or 'valid'
+                  phase:str=Phase.TRAIN, # Which loop's batches to draw: 'train' or 'valid'
                  ):
     "Per-batch step times of `phase` over the run recorded by `rec`, stacked by step (`between steps`: callbacks and loop code between a batch's steps), warmup and traced batches hatched; saved to `fname`"
-    if str(phase) not in ('train', 'valid'): raise ValueError(f"`phase` must be 'train' or 'valid', got {phase!r}")
+    if str(phase) not in (Phase.TRAIN, Phase.VALID): raise ValueError(f"`phase` must be 'train' or 'valid', got {phase!r}")
     tb = _times(rec).tables[Phase(str(phase))]
     if tb.offset: raise ValueError(f'the timeline needs every batch, but {tb.offset} of the {tb.n} {phase} batches were folded into '
                                    'summaries (`learn.profile(keep_raw=False)`, or a Learner loaded from `learn.export()` without `export_raw=True`): '
@@ -195,10 +198,10 @@ def plot_timeline(rec:TimingRecorder, # The recorder of a profiled fit: `learn.s
         ax.stairs(v + bottom, edges, baseline=bottom.copy(), fill=True, color=SEGMENT_COLORS[s], label=s, gid=s)
         bottom = bottom + v
     steady, total = ~(tl.warmup | tl.trace).to_numpy(), tl.total.to_numpy()
-    for kind, label in (('warmup', 'warmup'), ('trace', 'trace window')):
+    for kind, label in ((Step.WARMUP, str(Step.WARMUP)), (Step.TRACE, 'trace window')):
         for k, i in enumerate(np.flatnonzero(tl[kind].to_numpy())):  # over the batch's own bar, which shows through
             ax.add_patch(Rectangle((i, 0), 1, total[i], facecolor='none', hatch=HATCHES[kind]*2, edgecolor=(0, 0, 0, 0.4), linewidth=0,
-                                   label=label if k == 0 else None, gid=kind))
+                                   label=label if k == 0 else None, gid=str(kind)))
     top = total.max()
     if steady.any() and top > 1.3*total[steady].max():
         top = 1.3*total[steady].max()
@@ -236,7 +239,7 @@ _learner_plot_profile.__name__ = 'plot_profile'; patch(_learner_plot_profile)
 @patch
 def plot_profile_timeline(self:Learner,
     fname:str|Path|None=None, # Save the figure to this file (PNG unless its suffix says otherwise)
-    phase:str='train', # Which loop's batches to draw: 'train' or 'valid'
+    phase:str=Phase.TRAIN, # Which loop's batches to draw: 'train' or 'valid'
 ):
     "Per-batch step times of the last profiled fit's `phase` loop (`between steps`: callbacks and loop code between a batch's steps), warmup hatched; saved to `fname`"
     return plot_timeline(_profiled(self, 'plot_profile_timeline')[1], fname=fname, phase=phase)
