@@ -16,7 +16,10 @@ __all__ = ['DATA_BOUND_SHARE', 'DATA_BOUND_CRITICAL', 'DATA_BOUND_MIN_DRAW', 'ST
 # %% ../nbs/03_insight.ipynb #db59b276
 import math, os, warnings
 import numpy as np, pandas as pd, torch
-from .recorder import *
+from .recorder import (
+    AFTER_LOAD, AFTER_LOSS, AFTER_PRED, AFTER_STEP, AFTER_TFMS, BEFORE_BACKWARD, BEFORE_BATCH, BEFORE_STEP,
+    BEFORE_TFMS, PRE_AFTER_BATCH, TRAIN_STEPS, VALID_STEPS, EventRecorder, Phase, Step, TimingRecorder, device_view,
+    phase_intervals, summarize, traced_rows)
 from .advice import Advice, SEVERITIES, show_advice
 from .report import format_duration, results_frame, ITERATION_STEPS, TRAIN_PARTS
 from .events import train_device

@@ -14,7 +14,8 @@ __all__ = ['LIVE_STEPS', 'SPS_KEYS', 'DURATION_KEYS', 'LIVE_KEYS', 'KNOWN_LOGGER
 import math, sys, warnings
 from typing import Callable, NamedTuple
 import numpy as np, pandas as pd
-from .recorder import *
+from .recorder import (
+    FLAGS, N_SLOTS, SAMPLES, STEP_SLOTS, SUB_STEPS, Phase, Step, TimingRecorder, check_int, traced_rows)
 from .report import report_markdown
 from .memory import memory_text
 from .distributed import dist_info

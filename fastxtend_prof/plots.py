@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from fastcore.basics import patch
 from fastai.learner import Learner
-from .recorder import *
+from .recorder import (
+    APART, BEFORE_DRAW, DRAW_STEPS, SAMPLES, SUB_STEPS, TRAIN_STEPS, VALID_STEPS, EventRecorder, Phase, Step,
+    TimingRecorder, device_view, phase_intervals, traced_rows)
 from .report import format_duration, ITERATION_STEPS
 
 # %% ../nbs/07_plots.ipynb #eaf7da4f

@@ -16,7 +16,7 @@ import html, math, os, shutil, tempfile, textwrap
 from pathlib import Path
 import pandas as pd
 from fastcore.basics import IN_NOTEBOOK
-from .recorder import *
+from .recorder import APART, STAT_COLS, SUB_STEPS, TOP_STEPS, TRAIN_STEPS, Step
 from .events import train_device
 
 # %% ../nbs/02_report.ipynb #8e747a3a
