@@ -17,10 +17,12 @@ from dataclasses import dataclass
 from pathlib import Path
 import numpy as np, pandas as pd
 from scipy import stats as sps
-from .recorder import *
-from .report import read_json_doc, results_of_doc, run_metadata, format_duration, text_table, text_width
-from .insight import Advice
-from .plots import SEGMENT_COLORS, DRAW_PARTS, _segments, _new_axes, _duration_ticks, _save
+from .recorder import (
+    APART, DRAW_STEPS, LOOP_STEPS, EventRecorder, Phase, Step, StepSummary, TimingRecorder, check_number,
+    device_view, fold, phase_intervals)
+from .report import read_json_doc, results_of_doc, run_metadata, format_duration, text_table, text_width, TRAIN_PARTS
+from .advice import Advice
+from .plots import SEGMENT_COLORS, segment_times, new_axes, duration_ticks, save_figure
 
 # %% ../nbs/08_compare.ipynb #57f9b0b8
 COMPARED = (Step.ITERATION, Step.DRAW, Step.WAIT, Step.TRANSFER, Step.TRANSFORMS, Step.BATCH, Step.FORWARD, Step.PREDICT, Step.LOSS, Step.BACKWARD, Step.OPT_STEP,
@@ -125,7 +127,7 @@ def change_stats(base, new, confidence:float=0.95) -> dict:
 
 # %% ../nbs/08_compare.ipynb #1cb42137
 ALPHA, MIN_CHANGE, MIN_SHARE, MIN_CALLS, CONFIDENCE = 0.01, 15.0, 2.0, 30, 0.95
-HEADLINE = ('train', 'iteration')  # the row the verdict leads with and the CLI gates on by default
+HEADLINE = (Phase.TRAIN, Step.ITERATION)  # the row the verdict leads with and the CLI gates on by default
 _CHECKED = (('batch_size', 'batch size'), ('device', 'device'), ('device_name', 'device model'), ('sync', 'timing mode (sync)'),
             ('warmup', 'warmup'), ('fastai', 'fastai'), ('torch', 'torch'))
 
@@ -162,7 +164,7 @@ def _row(b:SavedProfile, n:SavedProfile, phase, action, step, alpha, min_change,
 
 def _of_iteration(cmp:pd.DataFrame) -> pd.Series:
     "Each row's change of mean in percent of its phase's base iteration mean (NaN where the phase has no iteration row)"
-    it = cmp[cmp.Step == 'iteration'].set_index('Phase')['Base Mean']
+    it = cmp[cmp.Step == Step.ITERATION].set_index('Phase')['Base Mean']
     return 100*(cmp['New Mean'] - cmp['Base Mean'])/cmp.Phase.map(it)
 
 COMPARE_COLS = ('Phase', 'Action', 'Step', 'Base Mean', 'New Mean', 'Change %', 'CI Low %', 'CI High %', 'Of Iteration %', 'Base Median', 'New Median',
@@ -176,13 +178,12 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
                      confidence:float=CONFIDENCE, # Of the interval on the change of the mean
                     ) -> pd.DataFrame:
     "Per (phase, step), how `new`'s per-batch times differ from `base`'s, with a test; the verdict and warnings in `.attrs`"
-    for name, v, lo, hi in (('alpha', alpha, 0, 1), ('confidence', confidence, 0, 1), ('min_change', min_change, 0, math.inf), ('min_share', min_share, 0, math.inf)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not (lo < v < hi or (name.startswith('min_') and v == 0)):
-            raise ValueError(f'`{name}` must be a number in ({lo}, {hi}), got {v!r}')
+    check_number('alpha', alpha, 0, 1, open_lo=True); check_number('confidence', confidence, 0, 1, open_lo=True)
+    check_number('min_change', min_change, why='percent'); check_number('min_share', min_share, why="percent of the phase's iteration")
     b, n = as_profile(base, 'base'), as_profile(new, 'new')
     keys = set(zip(n.results.Phase, n.results.Step))
     rows = [_row(b, n, p, a, s, alpha, min_change, confidence) for p, a, s in zip(b.results.Phase, b.results.Action, b.results.Step)
-            if p != 'fit' and s in {str(c) for c in COMPARED} and (p, s) in keys]
+            if p != Phase.FIT and s in COMPARED and (p, s) in keys]
     if not rows: raise ValueError('`base` and `new` have no train or valid step in common to compare')
     out = pd.DataFrame(rows)
     out['Of Iteration %'] = _of_iteration(out)
@@ -197,13 +198,13 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
 # %% ../nbs/08_compare.ipynb #a0a98468
 def _pct(x:float) -> str: return f'{x:+.0f}%'.replace('-', '−')
 
-VERDICT_STEPS = ('draw', 'forward', 'loss', 'backward', 'opt_step', 'zero_grad', 'other')
+VERDICT_STEPS = TRAIN_PARTS  # the train steps the verdict names, in the order a batch runs them
 
 def comparison_verdict(cmp:pd.DataFrame) -> str:
     "`cmp` (`compare_profiles`) in one line: the train iteration's change with its interval, then each train step's"
-    t = cmp[cmp.Phase == 'train'].set_index('Step')
-    if 'iteration' not in t.index: return 'no train iteration in common to compare'
-    it, level = t.loc['iteration'], cmp.attrs.get('confidence', CONFIDENCE)
+    t = cmp[cmp.Phase == Phase.TRAIN].set_index('Step')
+    if Step.ITERATION not in t.index: return 'no train iteration in common to compare'
+    it, level = t.loc[Step.ITERATION], cmp.attrs.get('confidence', CONFIDENCE)
     ch, lo, hi = it['Change %'], it['CI Low %'], it['CI High %']
     speed = f", {it['Base Samples/s']:,.0f} → {it['New Samples/s']:,.0f} samples/s" if it['Base Samples/s'] == it['Base Samples/s'] else ''
     ci = f'{level:.0%} CI {_pct(lo)} to {_pct(hi)}' if lo == lo else 'untested'
@@ -231,24 +232,24 @@ def slower_than(cmp:pd.DataFrame, pct:float, step:str='train/iteration') -> bool
 # %% ../nbs/08_compare.ipynb #1ccb04a2
 BASELINE_RATIO = 1.5  # a step this many times the baseline's time per batch, significantly, gets advice
 BASELINE_HINTS = {
-    'draw': 'Did the DataLoader change: its `num_workers`, `pin_memory`, the dataset, its item transforms or the storage it reads?',
-    'wait': 'Did the loading change: `num_workers`, the dataset, its item transforms, the collate function or the storage it reads?',
-    'transfer': 'Did the batch on the wire change: its size or dtype (float instead of uint8), `pin_memory`, or the device?',
-    'transforms': 'Did the batch transforms (`batch_tfms`, the DataLoader\'s `after_batch`) change, or the device they run on?',
-    'forward': 'Did the model, the batch size or the precision (`to_fp16`, `channels_last`) change, or a callback working in `before_batch`?',
-    'predict': 'Did the model, the batch size or the precision change?',
-    'loss': 'Did the loss function change, or a callback working in `after_pred`/`after_loss`?',
-    'backward': 'Did the model, the batch size or the precision change (the backward pass costs about twice the forward)?',
-    'opt_step': 'Did the optimizer change, or gradient clipping, accumulation or a callback working in `before_step`?',
-    'zero_grad': 'Did the optimizer change?',
-    'other': 'Did a callback, a logger, the metrics or the progress bar change? They run between batches.'}
+    Step.DRAW: 'Did the DataLoader change: its `num_workers`, `pin_memory`, the dataset, its item transforms or the storage it reads?',
+    Step.WAIT: 'Did the loading change: `num_workers`, the dataset, its item transforms, the collate function or the storage it reads?',
+    Step.TRANSFER: 'Did the batch on the wire change: its size or dtype (float instead of uint8), `pin_memory`, or the device?',
+    Step.TRANSFORMS: 'Did the batch transforms (`batch_tfms`, the DataLoader\'s `after_batch`) change, or the device they run on?',
+    Step.FORWARD: 'Did the model, the batch size or the precision (`to_fp16`, `channels_last`) change, or a callback working in `before_batch`?',
+    Step.PREDICT: 'Did the model, the batch size or the precision change?',
+    Step.LOSS: 'Did the loss function change, or a callback working in `after_pred`/`after_loss`?',
+    Step.BACKWARD: 'Did the model, the batch size or the precision change (the backward pass costs about twice the forward)?',
+    Step.OPT_STEP: 'Did the optimizer change, or gradient clipping, accumulation or a callback working in `before_step`?',
+    Step.ZERO_GRAD: 'Did the optimizer change?',
+    Step.OTHER: 'Did a callback, a logger, the metrics or the progress bar change? They run between batches.'}
 
 def baseline_advice(cmp:pd.DataFrame) -> list:
     "`Advice` for each step of `cmp` (`compare_profiles`) significantly slower than the baseline by `BASELINE_RATIO` or more, with what likely changed"
     out = []
     slow = cmp[cmp.Significant & (cmp['Change %'] > 0) & cmp.Step.isin(list(BASELINE_HINTS))]
-    split = set(slow.Phase[slow.Step.isin(DRAW_PARTS)])
-    slow = slow[~((slow.Step == 'draw') & slow.Phase.isin(split))]  # a part of the draw says more than the draw
+    split = set(slow.Phase[slow.Step.isin(DRAW_STEPS)])
+    slow = slow[~((slow.Step == Step.DRAW) & slow.Phase.isin(split))]  # a part of the draw says more than the draw
     for r in slow.itertuples(index=False):
         ratio = r[cmp.columns.get_loc('New Mean')]/r[cmp.columns.get_loc('Base Mean')]
         if ratio < BASELINE_RATIO: continue
@@ -286,8 +287,8 @@ def show_comparison(cmp:pd.DataFrame, width:int|None=None):
 def _per_batch(results:pd.DataFrame, phase:str) -> dict:
     "Seconds per batch of each step of `phase` (warmup left out): the steady time the comparison judges"
     rows = results[results.Phase == phase].set_index('Step')
-    n = rows['Number of Calls'].get('iteration', rows['Number of Calls'].get('draw', 0))
-    return {s: float(v)/n for s, v in rows['Total Time'].items() if s not in ('warmup', 'trace', 'iteration')} if n else {}
+    n = rows['Number of Calls'].get(Step.ITERATION, rows['Number of Calls'].get(Step.DRAW, 0))
+    return {s: float(v)/n for s, v in rows['Total Time'].items() if s not in APART + LOOP_STEPS} if n else {}
 
 def plot_comparison(base, # The baseline: a JSON file, a `SavedProfile` or a profiled Learner
                     new, # The run to compare, in any of the same forms
@@ -296,16 +297,16 @@ def plot_comparison(base, # The baseline: a JSON file, a `SavedProfile` or a pro
                    ):
     "The two runs' time per batch side by side, split by step in `plot_profile`'s colours, each bar with its change; saved to `fname`"
     b, n = as_profile(base, 'base'), as_profile(new, 'new')
-    phases = [p for p in ('train', 'valid') if _per_batch(b.results, p) and _per_batch(n.results, p)]
+    phases = [p for p in (Phase.TRAIN, Phase.VALID) if _per_batch(b.results, p) and _per_batch(n.results, p)]
     if not phases: raise ValueError('`base` and `new` have no train or valid phase in common to plot')
-    fig, ax = _new_axes(ax, (9, 1.9 + 1.1*len(phases)))
+    fig, ax = new_axes(ax, (9, 1.9 + 1.1*len(phases)))
     ticks, seen = [], {}
     for i, p in enumerate(phases):
         totals = []
         for j, (label, prof) in enumerate((('base', b), ('new', n))):
             y, left = 2.6*i + j, 0.
-            for s, w in _segments(_per_batch(prof.results, p), p).items():
-                if s == 'warmup': continue
+            for s, w in segment_times(_per_batch(prof.results, p), p).items():
+                if s == Step.WARMUP: continue
                 seen[s] = ax.barh(y, float(w), left=left, height=0.8, color=SEGMENT_COLORS[s], edgecolor='white', linewidth=0.5, label=s, gid=f'{p}:{label}:{s}')
                 left += float(w)
             totals.append(left)
@@ -314,9 +315,9 @@ def plot_comparison(base, # The baseline: a JSON file, a `SavedProfile` or a pro
     ax.set_yticks([t for t, _ in ticks], [l for _, l in ticks])
     ax.invert_yaxis()
     ax.set_xlim(0, max(ax.get_xlim()[1], 1e-12)*1.2)
-    ax.xaxis.set_major_formatter(_duration_ticks())
+    ax.xaxis.set_major_formatter(duration_ticks())
     ax.set_xlabel('time per batch, warmup left out')
     ax.set_title('Base against new: time per batch by step')
     ax.legend(seen.values(), seen.keys(), loc='upper center', bbox_to_anchor=(0.5, -0.25), ncol=5, fontsize=8, frameon=False)
-    if fname is not None: _save(fig, fname)
+    if fname is not None: save_figure(fig, fname)
     return fig

@@ -14,8 +14,9 @@ import itertools, math, os, pickle, time, warnings
 from dataclasses import dataclass, field
 import numpy as np, pandas as pd
 import torch.distributed as dist
-from .report import RESULT_COLS, KEY_COLS, format_report, format_duration
-from .insight import Advice
+from .recorder import Phase, Step, check_number
+from .report import RESULT_COLS, KEY_COLS, TRAIN_PARTS, format_report, format_duration
+from .advice import Advice
 
 # %% ../nbs/05_distributed.ipynb #dd9cba62
 def dist_info() -> tuple:
@@ -66,7 +67,7 @@ def merge_ranks(ranks:pd.DataFrame) -> pd.DataFrame:
     keys = list(KEY_COLS)
     extra = [c for c in ranks.columns if c not in (*RESULT_COLS, 'Rank') and pd.api.types.is_numeric_dtype(ranks[c])]
     out = pd.DataFrame([dict(zip(keys, k), **_pool(g, extra)) for k, g in ranks.groupby(keys, sort=False)])
-    fit = out[(out.Phase == 'fit') & (out.Step == 'fit')]['Total Time']
+    fit = out[(out.Phase == Phase.FIT) & (out.Step == Step.FIT)]['Total Time']
     out['Percent of Total'] = 100*out['Total Time']/fit.iloc[0] if len(fit) and fit.iloc[0] > 0 else math.nan
     return out.astype({'Number of Calls': 'int64', 'Slowest Rank': 'Int64'})[[*RESULT_COLS, *extra, *RANK_COLS]]
 
@@ -83,24 +84,23 @@ def format_merged(merged:pd.DataFrame) -> pd.DataFrame:
 STRAGGLER_RATIO = 1.2  # a rank whose own work per train step is this many times the other ranks' median is a straggler
 STRAGGLER_MIN_EXCESS = 5e-4  # s: ... when it is at least this much above it
 STRAGGLER_CRITICAL = 2.0  # ... critical from this ratio
-SYNC_STEPS = ('forward', 'backward', 'opt_step')  # where DDP, SyncBatchNorm and sharded optimizers wait for every rank
-_STEPS = ('draw', 'forward', 'loss', 'backward', 'opt_step', 'zero_grad', 'other')
+SYNC_STEPS = (Step.FORWARD, Step.BACKWARD, Step.OPT_STEP)  # where DDP, SyncBatchNorm and sharded optimizers wait for every rank
 
 _TIPS = {
-    'draw': ('rank {r} waits for its data: check its storage (local disk, cache), its CPU share (DataLoader workers per '
+    Step.DRAW: ('rank {r} waits for its data: check its storage (local disk, cache), its CPU share (DataLoader workers per '
              'rank x ranks per machine should not exceed the cores) and whether its shard holds heavier items; give it '
              'more `num_workers` or pre-process the data.'),
-    'other': ('rank {r} does more after each batch: callbacks or logging that run on it alone (progress bar, printing, '
+    Step.OTHER: ('rank {r} does more after each batch: callbacks or logging that run on it alone (progress bar, printing, '
               'saving, metrics on rank 0); log less often or move that work out of the loop.'),
 }
 
 def straggler_advice(rank_results:pd.DataFrame) -> list:
     "`Advice` naming each rank whose own work per train step is `STRAGGLER_RATIO` times the other ranks', with its slowest step"
     _check_results(rank_results, 'rank_results', extra=('Rank',))
-    t = rank_results[(rank_results.Phase == 'train') & rank_results.Step.isin([*_STEPS, 'batch']) & (rank_results['Number of Calls'] > 0)]
+    t = rank_results[(rank_results.Phase == Phase.TRAIN) & rank_results.Step.isin([*TRAIN_PARTS, Step.BATCH]) & (rank_results['Number of Calls'] > 0)]
     m = t.pivot_table(index='Rank', columns='Step', values='Mean Duration', aggfunc='mean')
-    if len(m) < 2 or not {'draw', 'batch'} <= set(m.columns): return []
-    step = m[['draw', 'batch']].sum(axis=1, min_count=2) + m.get('other', 0.)
+    if len(m) < 2 or not {Step.DRAW, Step.BATCH} <= set(m.columns): return []
+    step = m[[Step.DRAW, Step.BATCH]].sum(axis=1, min_count=2) + m.get(Step.OTHER, 0.)
     sync = [s for s in SYNC_STEPS if s in m.columns]
     wait = (m[sync] - m[sync].min()).sum(axis=1)
     own = (step - wait).dropna()
@@ -110,9 +110,9 @@ def straggler_advice(rank_results:pd.DataFrame) -> list:
         if others.empty: continue
         med = float(others.median())
         if med <= 0 or mine < STRAGGLER_RATIO*med or mine - med < STRAGGLER_MIN_EXCESS: continue
-        excess = {s: float(m.at[r, s] - m.loc[others.index, s].median()) for s in _STEPS if s in m.columns}
+        excess = {s: float(m.at[r, s] - m.loc[others.index, s].median()) for s in TRAIN_PARTS if s in m.columns}
         excess = {s: v for s, v in excess.items() if not np.isnan(v)}  # steps this rank or the others never ran
-        worst = max(excess, key=excess.get)
+        worst = str(max(excess, key=excess.get))  # a plain name in the evidence
         ratio = mine/med
         ev = dict(rank=int(r), step=worst, own_step_s=float(mine), others_median_s=med, ratio=ratio,
                   step_mean_s=float(m.at[r, worst]), step_others_median_s=float(m.loc[others.index, worst].median()),
@@ -206,8 +206,7 @@ def gather_profile(
 ) -> GatherResult|None:
     "Send every rank's `results` to rank 0 and merge them there, waiting at most `timeout` s; None when not distributed"
     if timeout is None: timeout = GATHER_TIMEOUT
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < math.inf:
-        raise ValueError(f'`timeout` must be a number of seconds >= 0, got {timeout!r}')
+    check_number('timeout', timeout, why='seconds rank 0 waits for the other ranks')
     init, rank, world = dist_info()
     if not init or world < 2: return None
     if not failed or results is not None: _check_results(results, 'results')

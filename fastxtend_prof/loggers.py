@@ -14,7 +14,8 @@ __all__ = ['LIVE_STEPS', 'SPS_KEYS', 'DURATION_KEYS', 'LIVE_KEYS', 'KNOWN_LOGGER
 import math, sys, warnings
 from typing import Callable, NamedTuple
 import numpy as np, pandas as pd
-from .recorder import *
+from .recorder import (
+    FLAGS, N_SLOTS, SAMPLES, STEP_SLOTS, SUB_STEPS, Phase, Step, TimingRecorder, check_int, traced_rows)
 from .report import report_markdown
 from .memory import memory_text
 from .distributed import dist_info
@@ -26,7 +27,7 @@ DURATION_KEYS = {s: f'duration/train_{s}' for s in LIVE_STEPS}
 LIVE_KEYS = tuple(SPS_KEYS.values()) + tuple(DURATION_KEYS.values())
 
 # %% ../nbs/06_loggers.ipynb #5b03b1df
-_LIVE_SPANS = {Step.DRAW: (BEFORE_DRAW, BEFORE_BATCH, 0), Step.BATCH: (BEFORE_BATCH, POST_AFTER_BATCH, 0), **{s: SUB_STEPS[s] for s in LIVE_STEPS[2:]}}
+_LIVE_SPANS = {s: (*STEP_SLOTS[s], SUB_STEPS[s][2] if s in SUB_STEPS else 0) for s in LIVE_STEPS}  # first slot, last slot, the flag of a step that did not run
 _STARTS, _ENDS, _FLAGS = (np.array(c) for c in zip(*_LIVE_SPANS.values()))
 
 def train_window(rec:TimingRecorder, n:int):
@@ -111,9 +112,7 @@ def check_logger_callback(logger_callback='auto'):
 
 def check_log_every(log_every:int=10) -> int:
     "`log_every` if it is an integer >= 1, else ValueError"
-    if isinstance(log_every, bool) or not isinstance(log_every, int) or log_every < 1:
-        raise ValueError(f'`log_every` must be an integer >= 1 (train batches per live log), got {log_every!r}')
-    return log_every
+    return check_int('log_every', log_every, lo=1, why='train batches per live log')
 
 # %% ../nbs/06_loggers.ipynb #f1e1046b
 def summary_values(results:pd.DataFrame) -> dict:

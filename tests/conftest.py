@@ -3,6 +3,7 @@
 pytest imports this file first and puts this folder on `sys.path`, so the test files (and the workers that
 test_distributed spawns, which get the same path) import it by name like any module."""
 import contextlib, functools, inspect, itertools, time
+import pytest
 from fastai.callback.core import Callback
 
 # ------------------------------------------------------------------------------------------------- results tables
@@ -68,6 +69,27 @@ class LyingDL:
     def __getattr__(self, k):
         if k.startswith('__'): raise AttributeError(k)
         return getattr(self.__dict__['dl'], k)
+
+# ----------------------------------------------------------------------------------------------- the recorder seam
+@contextlib.contextmanager
+def recorder_with(clock=time.perf_counter, mode='none', timer=None):
+    """Inside the block the profiler's callbacks build their recorder through the `make_recorder` seam, reading `clock` and
+    timed the `mode` way on this CPU machine: 'none' on the host clock, 'device' synchronising with a no-op that counts its
+    calls, 'events' recording with `timer` (default a `MirrorTimer` of `clock`). Yields the list of syncs ('device'), the
+    timer ('events') or None. For helpers that profile outside a test (module-scoped fixtures); a test uses `sync_mode`"""
+    from fastxtend_prof import simpleprofiler
+    from fastxtend_prof.recorder import make_recorder
+    syncs, timer = [], timer or MirrorTimer(clock)
+    kw = {'none': {}, 'device': dict(sync_fn=lambda: syncs.append(1)), 'events': dict(timer=timer)}[mode]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(simpleprofiler, 'make_recorder', functools.partial(make_recorder, clock=clock, **kw))
+        yield {'none': None, 'device': syncs, 'events': timer}[mode]
+
+@pytest.fixture
+def sync_mode():
+    "`sync_mode(clock, mode, timer)`: `recorder_with` in force for the rest of the test; returns what it yields"
+    with contextlib.ExitStack() as stack:
+        yield lambda *args, **kw: stack.enter_context(recorder_with(*args, **kw))
 
 # ------------------------------------------------------------------------------------------------------- callbacks
 BATCH_EVENTS = ('before_batch', 'after_pred', 'after_loss', 'before_backward', 'after_backward', 'before_step',

@@ -10,7 +10,7 @@ Two clocks, for two questions:
 - That the recorder reads the real clock at the right moments, on the real clock with the waits spun: only what survives
   a loaded machine is asserted (a spin of s seconds takes at least s of wall time, so a step's median is at least its
   wait; the steps fit in their batch and the phase's rows add up to it, which hold on any clock)."""
-import functools, time
+import time
 import pytest, torch
 from torch import nn
 import torch.nn.functional as F
@@ -19,9 +19,7 @@ from fastai.learner import Learner, Recorder
 from fastai.optimizer import SGD
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
-from fastxtend_prof import simpleprofiler
-from fastxtend_prof.recorder import make_recorder
-from conftest import row, MirrorTimer, ManualClock, Spend, Tick
+from conftest import row, ManualClock, Spend, Tick, recorder_with
 
 # Seconds each step of a batch takes, on top of the real work: on the manual clock (free: no two alike, so that no
 # swap goes unseen), and spun on the real clock (a few ms: well above a step's own few µs of work, so that a wait charged
@@ -98,10 +96,8 @@ def make_learner(cbs=()):
 def profiled_fit(waits, mode, clock=None):
     "Profile the workload with `waits` in force, timed the `mode` way (injected through the recorder seam on a CPU), on `clock` (None: the real one)"
     host = clock or time.perf_counter
-    seam = {'none': {}, 'device': dict(sync_fn=lambda: None), 'events': dict(timer=MirrorTimer(host))}[mode]
     cbs = [Tick(clock, TICKS), Tick(clock, LATE_TICKS, order=Recorder.order + 1)] if clock is not None else []
-    with spend.using(waits, clock), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(simpleprofiler, 'make_recorder', functools.partial(make_recorder, clock=host, **seam))
+    with spend.using(waits, clock), recorder_with(host, mode):
         learn = make_learner(cbs).profile(show_report=False, sync=mode)
         with learn.no_logging(): learn.fit(EPOCHS)
     assert learn.simple_profile_sync == mode

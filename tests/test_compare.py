@@ -13,15 +13,12 @@ machine can change is kept out of what is asserted:
   difference was real), which no test on the comparison can tell from a change.
 The CLI gate and the baseline option still run on real spins, and assert only what load cannot undo (slower or not)."""
 import gc, json, subprocess, sys, time
-from functools import partial
 import pytest, torch
 from torch import nn
 from fastai.basics import Learner, DataLoaders, Callback, CrossEntropyLossFlat
 from fastxtend_prof.all import *
-from fastxtend_prof import simpleprofiler
-from fastxtend_prof.recorder import make_recorder
 from fastxtend_prof.compare import compare_profiles, slower_than, profile_of, SavedProfile
-from conftest import busy
+from conftest import busy, recorder_with
 
 DELAY = 10e-3  # s added to opt_step's time: several times the step's own, and far above what load makes two runs of the same work differ by
 SPIN = 4e-3  # s spun in opt_step for the CLI gate and the baseline option
@@ -63,8 +60,7 @@ def one_thread():
 def interleaved(a_cbs=(), b_cbs=(), rounds=4, a_kw=None, b_kw=None):
     "Profiles of two Learners whose fits alternate `rounds` times, so that a slow drift of the machine falls on both; timed on `CLOCK`"
     a, b = mlp_learner(a_cbs), mlp_learner(b_cbs)
-    with a.no_logging(), b.no_logging(), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(simpleprofiler, 'make_recorder', partial(make_recorder, clock=CLOCK))
+    with a.no_logging(), b.no_logging(), recorder_with(CLOCK):
         a.fit(1)  # the process's first fit pays one-off costs (allocator, kernels): not part of either profile
         gc.collect(); gc.disable()  # earlier tests' garbage, collected in the middle of one run's fit, would slow that run alone
         try:

@@ -13,7 +13,7 @@ the draw. The waits are injected where the real costs live:
 - `transforms`: a fastai `Transform` in the loader's `after_batch` spends `transforms`.
 Both kinds: a fastai `TfmdDL` with a device (the loader moves the batch, then transforms it) and torch `DataLoader`s in
 fastai `DataLoaders` (the Learner moves the batch; no transforms, so no `transforms` row)."""
-import functools, time
+import time
 import pytest, torch
 from torch import nn
 import torch.nn.functional as F
@@ -25,9 +25,7 @@ from fastai.learner import Learner
 from fastai.optimizer import SGD
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
-from fastxtend_prof import simpleprofiler
-from fastxtend_prof.recorder import make_recorder
-from conftest import row, MirrorTimer, ManualClock, Spend
+from conftest import row, ManualClock, Spend, recorder_with
 
 WAITS = dict(wait=0.012, transfer=0.008, transforms=0.010)  # on the manual clock
 REAL_WAITS = dict(wait=0.003, transfer=0.002, transforms=0.0025)  # spun: far above a sub-step's own µs of work, and quick
@@ -78,9 +76,7 @@ def make_dls(kind):
 def profiled_fit(waits, kind, mode, clock=None):
     "Profile a fit with `waits` in force on loaders of `kind`, timed the `mode` way (injected through the recorder seam on a CPU), on `clock` (None: the real one)"
     host = clock or time.perf_counter
-    seam = {'none': {}, 'events': dict(timer=MirrorTimer(host))}[mode]
-    with spend.using(waits, clock), pytest.MonkeyPatch.context() as mp:
-        mp.setattr(simpleprofiler, 'make_recorder', functools.partial(make_recorder, clock=host, **seam))
+    with spend.using(waits, clock), recorder_with(host, mode):
         learn = Learner(make_dls(kind), Model(), loss_func=F.mse_loss, opt_func=SGD, lr=1e-3)
         learn.remove_cb(ProgressCallback)
         learn.profile(show_report=False, sync=mode)

@@ -1,7 +1,7 @@
 """Insight: each rule fires on a made-up run that has its problem and stays silent on one that doesn't; real fits get the
 data-bound verdict when the data is slow and no advice when they are healthy; the trace window writes fastai's phases
 into a chrome trace during a real fit on CPU, and stops the profiler when the fit fails."""
-import gc, importlib.util, json, time
+import contextlib, gc, importlib.util, json, time
 from functools import partial
 import pytest, torch
 from torch import nn
@@ -17,8 +17,7 @@ from fastxtend_prof.recorder import Phase
 from fastxtend_prof.insight import (Advice, RULES, advise, data_bound, startup, host_bound_opt_step, heavy_callbacks, unstable_steps,
     host_timing, learner_advice, run_context, synthetic_run)
 from fastxtend_prof.trace import RANGE_NAMES, TraceWindow, TraceObserver
-from fastxtend_prof.recorder import make_recorder
-from conftest import busy, ManualClock, MirrorTimer, Tick
+from conftest import busy, ManualClock, Tick, recorder_with
 
 CTX = dict(device='cpu', sync='none', num_workers=0, pin_memory=False, persistent_workers=False, loader='fastai',
            callbacks_in_other=['Recorder', 'ProgressCallback'], optimizer='fastai Adam', cpu_count=2)
@@ -102,9 +101,7 @@ def fit(n_train, delay, compute, epochs, bs=16, n_valid=32, clock=None, cbs=()):
     torch.manual_seed(0)
     dls = DataLoaders.from_dsets(SlowItems(n_train, delay), SlowItems(n_valid, delay), bs=bs, num_workers=0, device='cpu')
     learn = Learner(dls, BusyModel(compute, clock), loss_func=MSELossFlat(), cbs=list(cbs)).profile(show_report=False)
-    with pytest.MonkeyPatch.context() as mp:
-        if clock is not None: mp.setattr(simpleprofiler, 'make_recorder', partial(make_recorder, clock=clock))
-        with learn.no_bar(): learn.fit(epochs, 1e-3)
+    with recorder_with(clock) if clock is not None else contextlib.nullcontext(), learn.no_bar(): learn.fit(epochs, 1e-3)
     return learn
 
 def test_real_slow_data_is_data_bound():
@@ -265,11 +262,10 @@ class SlowWindow(TraceWindow):
         return super()._export()
 
 @pytest.mark.parametrize('mode', ['none', 'events'])
-def test_trace_window_is_kept_out_of_the_statistics(tmp_path, monkeypatch, capsys, mode):
+def test_trace_window_is_kept_out_of_the_statistics(tmp_path, monkeypatch, capsys, sync_mode, mode):
     "The profiler's start/stop, the batches it slows and its export: in the `trace` row and the totals, in no step and no rule"
     clk = JumpClock()
-    seam = dict(timer=MirrorTimer(clk)) if mode == 'events' else {}
-    monkeypatch.setattr(simpleprofiler, 'make_recorder', partial(make_recorder, clock=clk, **seam))
+    sync_mode(clk, mode)
     window = SlowWindow(tmp_path/'t.json', wait=3, warmup=1, active=2)
     window.clock = clk
     trace_next_fits(monkeypatch, window)

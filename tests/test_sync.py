@@ -1,28 +1,20 @@
 "Timing modes through real fastai fits, memory bounds of the recorder, and real-accelerator checks (skipped on CPU)."
-import functools, time, tracemalloc
+import time, tracemalloc
 import numpy as np, pytest, torch
 from fastai.test_utils import synth_learner
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (Learner.profile)
-from conftest import MirrorTimer, ManualClock, Tick
-from fastxtend_prof import simpleprofiler
-from fastxtend_prof.recorder import (TimingRecorder, EventRecorder, TorchEventTimer, make_recorder, summarize, device_view,
+from conftest import ManualClock, Tick
+from fastxtend_prof.recorder import (TimingRecorder, EventRecorder, TorchEventTimer, summarize, device_view,
                                      Phase, Step, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH, N_SLOTS)
-
-def use_mode(monkeypatch, mode, clock=time.perf_counter):
-    "Make the callbacks build the recorder of `mode` on this CPU machine, through the injectable seam, reading `clock`"
-    timer, syncs = MirrorTimer(clock), []
-    kw = {'none': {}, 'device': dict(sync_fn=lambda: syncs.append(1)), 'events': dict(timer=timer)}[mode]
-    monkeypatch.setattr(simpleprofiler, 'make_recorder', functools.partial(make_recorder, clock=clock, **kw))
-    return timer if mode == 'events' else syncs
 
 TICKS = dict(before_batch=1e-4, after_pred=2e-4, after_loss=3e-4, before_backward=4e-4, after_backward=5e-4, before_step=6e-4, after_step=7e-4)
 
 @pytest.mark.parametrize('mode', ['none', 'device', 'events'])
-def test_modes_through_a_fit(monkeypatch, mode):
+def test_modes_through_a_fit(sync_mode, mode):
     "On a `ManualClock` that callback work of known length advances (`Tick`): the host and device views are the same time"
     clk = ManualClock()
-    seam = use_mode(monkeypatch, mode, clk)
+    seam = sync_mode(clk, mode)
     learn = synth_learner(n_trn=8, n_val=2, cbs=Tick(clk, TICKS)).profile(show_report=False, sync=mode)
     learn.remove_cb(ProgressCallback)
     with learn.no_logging(): learn.fit(2)
@@ -120,13 +112,13 @@ def event_timer(clock=time.perf_counter):
     timer = TorchEventTimer('cpu', new_event=lambda: ClockEvent(clock, streams), current_stream=current_stream, synchronize=lambda: None)
     return timer, lookups, streams
 
-def test_events_mode_records_cheaply_through_a_fit(monkeypatch):
+def test_events_mode_records_cheaply_through_a_fit(sync_mode):
     """Per batch: no stream lookup, 10 records (train) from a bounded pool, each on the loop's stream; device times match the host's.
     Events and host marks read one `ManualClock`, which only callback work of known length (`Tick`) advances: on the real
     clock, a core taken away between a mark and its event (under load) moved one step's device total by milliseconds"""
     clk = ManualClock()
     timer, lookups, streams = event_timer(clk)
-    monkeypatch.setattr(simpleprofiler, 'make_recorder', functools.partial(make_recorder, timer=timer, clock=clk))
+    sync_mode(clk, 'events', timer)
     n_trn, n_val, epochs = 200, 20, 2
     learn = synth_learner(n_trn=n_trn, n_val=n_val, cbs=Tick(clk, TICKS)).profile(show_report=False, sync='events')
     learn.remove_cb(ProgressCallback)

@@ -1,0 +1,83 @@
+"""Step and phase names come from `recorder.py` only: no module spells one as a string literal.
+
+`Step` and `Phase` are str-Enums, so `Step.DRAW` works wherever `'draw'` did (dict keys, pandas filters, comparisons);
+a typo in a member is an AttributeError where a typo in a string is a silent miss. This test reads every module of the
+package (recorder.py, which defines the names, and the generated `_modidx.py` aside) with `ast` and lists each bare string
+constant equal to a step or phase name. Not counted: docstrings and other lone string statements, the literal text of
+f-strings (messages quote names freely; what is inside their `{}` is code and is counted), attribute names given to
+`getattr`/`hasattr`/`setattr`/`delattr`, and the few entries of `ALLOWED`, each an option key that merely equals a name."""
+import ast, pathlib
+import pytest
+from fastxtend_prof.recorder import Step, Phase
+
+PKG = pathlib.Path(__file__).resolve().parent.parent/'fastxtend_prof'
+SKIP = {'recorder.py', '_modidx.py'}
+NAMES = {m.value for m in Step} | {m.value for m in Phase}
+ATTR_FUNCS = {'getattr', 'hasattr', 'setattr', 'delattr'}
+
+# (module, enclosing function or class, value): why that literal is not a step or phase name
+ALLOWED = {
+    ('cli.py', 'demo', 'trace'): "the `trace` option of `learn.profile`, a dict key of its keyword arguments",
+    ('cli.py', '_outputs', 'trace'): "the `--trace` option's argparse name (`a.trace`)",
+    ('compare.py', '', 'warmup'): "`run_metadata`'s key for the `warmup` option, and its label in the warning that it differs",
+    ('plots.py', '', 'epoch'): "`timeline_frame`'s `epoch` column: the index of the loop a batch ran in, not the `epoch` span",
+    ('plots.py', 'plot_timeline', 'epoch'): "the `gid` of the dashed lines where an epoch starts",
+}
+
+def _skipped(tree) -> set:
+    "ids of the constants that are not values: lone string statements (docstrings) and the literal text of f-strings"
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant): out.add(id(node.value))
+        elif isinstance(node, ast.JoinedStr): out.update(id(v) for v in node.values if isinstance(v, ast.Constant))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ATTR_FUNCS
+              and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant)): out.add(id(node.args[1]))
+    return out
+
+def _owners(tree) -> dict:
+    "id of every node -> the name of the innermost function or class around it ('' at module level)"
+    out = {}
+    def visit(node, owner):
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) else owner
+            out[id(child)] = name
+            visit(child, name)
+    visit(tree, '')
+    return out
+
+def literals(source:str, fname:str) -> list:
+    "`(line, value, owner)` of each string constant in `source` equal to a step or phase name, less the skipped and allowed ones"
+    tree = ast.parse(source)
+    skipped, owners = _skipped(tree), _owners(tree)
+    found = [(n.lineno, n.value, owners.get(id(n), '')) for n in ast.walk(tree)
+             if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in NAMES and id(n) not in skipped]
+    return sorted(f for f in found if (fname, f[2], f[1]) not in ALLOWED)
+
+MODULES = sorted(p.name for p in PKG.glob('*.py') if p.name not in SKIP)
+
+@pytest.mark.parametrize('fname', MODULES)
+def test_no_step_or_phase_literals(fname):
+    found = literals((PKG/fname).read_text(), fname)
+    assert not found, (f'{len(found)} step/phase name(s) as string literals; use `Step.X`/`Phase.X` or a list from recorder.py:\n'
+                       + '\n'.join(f'  fastxtend_prof/{fname}:{line}: {value!r} (in {owner or "module"})' for line, value, owner in found))
+
+def test_the_allow_list_is_used():
+    "Every `ALLOWED` entry still matches a literal: a stale entry would quietly allow a new one"
+    for fname, owner, value in ALLOWED:
+        tree = ast.parse((PKG/fname).read_text())
+        owners = _owners(tree)
+        assert any(isinstance(n, ast.Constant) and n.value == value and owners.get(id(n)) == owner for n in ast.walk(tree)), (fname, owner, value)
+
+def test_it_catches_a_literal():
+    "A step name used as a value is caught, whether a dict key, a comparison, a list item or inside an f-string's `{}`"
+    src = '''
+"""A module docstring that says draw"""
+def f(df, r):
+    "train: a docstring"
+    a = df[df.Step == 'draw']
+    b = r['forward']
+    c = ('loss', 'other')
+    msg = f'the draw took {r["batch"]}'
+    ok = getattr(r, 'train', None), f'valid {a}', 'drawn'
+'''
+    assert [(line, v) for line, v, _ in literals(src, 'x.py')] == [(5, 'draw'), (6, 'forward'), (7, 'loss'), (7, 'other'), (8, 'batch')]
