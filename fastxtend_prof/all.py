@@ -10,14 +10,14 @@ __all__ = []
 # %% ../nbs/12_all.ipynb #68ee25f8
 from . import events as _events
 _events.install()  # `before_draw` and the fit watch, registered with fastai (once: importing `events` did it)
-from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, ProfileResult, ProfileMode, profile_results
+from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, ProfileResult, ProfileMode, recorder_results
 from .report import (format_report, show_report, report_markdown, report_text, format_duration, save_results, save_json,
                                    load_json, run_metadata)
 from .plots import plot_profile, plot_timeline, timeline_frame, save_plots
 from .insight import Advice, advise, learner_advice, show_advice, RULES
 from .loggers import Logger, register_logger
 from .compare import compare_profiles, show_comparison, plot_comparison, load_profile
-__all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'ProfileResult', 'ProfileMode', 'profile_results', 'format_report', 'show_report',
+__all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'ProfileResult', 'ProfileMode', 'recorder_results', 'format_report', 'show_report',
            'report_markdown', 'report_text', 'format_duration', 'save_results', 'save_json', 'load_json', 'run_metadata',
            'plot_profile', 'plot_timeline', 'timeline_frame', 'save_plots', 'Advice', 'advise', 'learner_advice', 'show_advice',
            'RULES', 'Logger', 'register_logger', 'compare_profiles', 'show_comparison', 'plot_comparison', 'load_profile']

@@ -10,18 +10,25 @@ __all__ = ['DEVICES', 'DigitsDataset', 'digits_dls', 'demo_device', 'digits_cnn'
 
 # %% ../nbs/10_cli.ipynb #168568d7
 import argparse, math, sys, time, warnings
+from functools import partial
+from pathlib import Path
 # fastai compiles a few layers with `torch.jit.script` as it is imported, which torch 2.14 deprecates with a FutureWarning:
 # nothing a user of this command can act on, and it would break the promise that a bad option costs one line of stderr
 warnings.filterwarnings('ignore', message=r'`torch\.jit\.script` is deprecated', category=FutureWarning)
 import torch
 from torch import nn
-from fastai.basics import *
+import numpy as np
+from fastai.data.core import DataLoaders
+from fastai.learner import Learner
+from fastai.metrics import accuracy
 from fastai.callback.progress import ProgressCallback
-from fastai.callback.schedule import *
-from .simpleprofiler import *
+from fastai.callback.schedule import fit_one_cycle
+from .simpleprofiler import profile
 from .report import output_path, check_writable
 from .recorder import SYNC_MODES
 from .compare import as_profile, compare_profiles, show_comparison, slower_than, plot_comparison, ALPHA, MIN_CHANGE, MIN_SHARE
+
+_PATCHES = fit_one_cycle, profile  # imported for what importing them does: `learn.fit_one_cycle`, `learn.profile`
 
 # %% ../nbs/10_cli.ipynb #d3bd7931
 class DigitsDataset(torch.utils.data.Dataset):

@@ -19,8 +19,8 @@ import numpy as np, pandas as pd
 from scipy import stats as sps
 from .recorder import (
     APART, DRAW_STEPS, LOOP_STEPS, EventRecorder, Phase, Step, StepSummary, TimingRecorder, check_number,
-    device_view, fold, phase_intervals)
-from .report import read_json_doc, results_of_doc, run_metadata, format_duration, text_table, text_width, TRAIN_PARTS
+    device_view, fold, phase_intervals, TRAIN_PARTS)
+from .report import read_json_doc, results_of_doc, run_metadata, format_duration, text_table, text_width
 from .advice import Advice
 from .plots import SEGMENT_COLORS, segment_times, new_axes, duration_ticks, save_figure
 

@@ -14,8 +14,8 @@ import itertools, math, os, pickle, time, warnings
 from dataclasses import dataclass, field
 import numpy as np, pandas as pd
 import torch.distributed as dist
-from .recorder import Phase, Step, check_number
-from .report import RESULT_COLS, KEY_COLS, TRAIN_PARTS, format_report, format_duration
+from .recorder import Phase, Step, TRAIN_PARTS, check_number
+from .report import RESULT_COLS, KEY_COLS, format_report, format_duration
 from .advice import Advice
 
 # %% ../nbs/05_distributed.ipynb #dd9cba62

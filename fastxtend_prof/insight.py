@@ -19,9 +19,9 @@ import numpy as np, pandas as pd, torch
 from .recorder import (
     AFTER_LOAD, AFTER_LOSS, AFTER_PRED, AFTER_STEP, AFTER_TFMS, BEFORE_BACKWARD, BEFORE_BATCH, BEFORE_STEP,
     BEFORE_TFMS, PRE_AFTER_BATCH, TRAIN_STEPS, VALID_STEPS, EventRecorder, Phase, Step, TimingRecorder, device_view,
-    phase_intervals, summarize, traced_rows)
+    phase_intervals, summarize, traced_rows, ITERATION_STEPS, TRAIN_PARTS)
 from .advice import Advice, SEVERITIES, show_advice
-from .report import format_duration, results_frame, ITERATION_STEPS, TRAIN_PARTS
+from .report import format_duration, results_frame
 from .events import train_device
 from .memory import format_bytes, batch_estimate, MEMORY_TARGET
 _all_ = ['Advice', 'SEVERITIES', 'show_advice']  # their home is `advice`; `from fastxtend_prof.insight import Advice` keeps working
@@ -357,7 +357,7 @@ def _memory_rows(results:pd.DataFrame) -> pd.DataFrame:
 
 def memory_near_capacity(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
     "The fit's memory peak is at least `MEMORY_NEAR` of the device's: which step peaks, and what usually helps"
-    prof = getattr(rec, 'memory', None)
+    prof = ctx.get('memory')
     if prof is None or not prof.capacity or prof.fit_peak < MEMORY_NEAR*prof.capacity: return []
     rows = _memory_rows(results)
     step = str(rows.Step.iloc[int(np.argmax(rows['Peak Memory'].to_numpy()))]) if len(rows) else None
@@ -369,7 +369,7 @@ def memory_near_capacity(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict
 
 def memory_headroom(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> list:
     "The fit's memory peak is below `MEMORY_ROOM` of the device's: how much larger a batch would likely fit"
-    prof = getattr(rec, 'memory', None)
+    prof = ctx.get('memory')
     if prof is None or not prof.capacity or prof.fit_peak >= MEMORY_ROOM*prof.capacity: return []
     est = batch_estimate(prof)
     if not est or not est['fits'] >= 1.5*est['batch_size']: return []
@@ -405,16 +405,18 @@ def learner_advice(learn, # A Learner after a profiled fit
                    rec:TimingRecorder|None=None, # Default: the last profile's recorder
                    sync:str|None=None, # The timing mode the profile used; default the last profile's
                    trace:dict|None=None, # A trace window's results, for its anti-pattern findings; default the last profile's
+                   memory=None, # The fit's `MemoryProfile`, for the memory rules; default the last profile's
                    show:bool=True, # Print the advice
                   ) -> list:
-    "The advice on `learn`'s last profiled fit (or on the `results`, `rec`, `sync` and `trace` given); `show` prints it"
+    "The advice on `learn`'s last profiled fit (or on the `results`, `rec`, `sync`, `trace` and `memory` given); `show` prints it"
     last = getattr(learn, 'profile_result', None)
     if results is None: results = last.results if last is not None else learn.simple_profile_results
     if last is not None:
         rec = last.recorder if rec is None else rec
         sync = last.sync if sync is None else sync
         trace = last.trace if trace is None else trace
+        memory = last.memory if memory is None else memory
     rows = device_view(rec) if isinstance(rec, EventRecorder) else rec  # the rows `results` were made from
-    advice = advise(results, rows, run_context(learn, sync), extra=(trace or {}).get('anti_patterns', ()))
+    advice = advise(results, rows, {**run_context(learn, sync), 'memory': memory}, extra=(trace or {}).get('anti_patterns', ()))
     if show: show_advice(advice)
     return advice

@@ -14,7 +14,8 @@ import math, warnings
 from array import array
 from dataclasses import dataclass, field
 import numpy as np, pandas as pd, torch
-from .recorder import *
+from .recorder import (AFTER_LOAD, AFTER_TFMS, BEFORE_BATCH, BEFORE_DRAW, BEFORE_TFMS, LOOP_STEPS, NEXT_DRAW, N_SLOTS,
+    POST_AFTER_BATCH, STEP_SLOTS, TRAIN_STEPS, VALID_STEPS, Phase, Relay, Step, check_int)
 
 # %% ../nbs/14_memory.ipynb #2e538f2c
 class AllocatorMemory:

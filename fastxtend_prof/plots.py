@@ -17,8 +17,8 @@ from fastcore.basics import patch
 from fastai.learner import Learner
 from .recorder import (
     APART, BEFORE_DRAW, DRAW_STEPS, SAMPLES, SUB_STEPS, TRAIN_STEPS, VALID_STEPS, EventRecorder, Phase, Step,
-    TimingRecorder, device_view, phase_intervals, traced_rows)
-from .report import format_duration, ITERATION_STEPS
+    TimingRecorder, device_view, phase_intervals, traced_rows, ITERATION_STEPS)
+from .report import format_duration
 
 # %% ../nbs/07_plots.ipynb #eaf7da4f
 def _show_in_notebook(shell=None):

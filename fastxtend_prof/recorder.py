@@ -9,10 +9,10 @@ __all__ = ['BEFORE_DRAW', 'BEFORE_BATCH', 'AFTER_PRED', 'AFTER_LOSS', 'BEFORE_BA
            'PRE_AFTER_BATCH', 'POST_AFTER_BATCH', 'NEXT_DRAW', 'SAMPLES', 'FLAGS', 'AFTER_LOAD', 'BEFORE_TFMS',
            'AFTER_TFMS', 'N_SLOTS', 'NO_BACKWARD', 'NO_STEP', 'NO_ZERO_GRAD', 'TRACED', 'TRAIN_STEPS', 'VALID_STEPS',
            'SUB_STEPS', 'DRAW_STEPS', 'STEP_SLOTS', 'TOP_STEPS', 'APART', 'SPANS', 'LOOP_STEPS', 'THROUGHPUT_STEPS',
-           'MARKS', 'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase', 'Step', 'BatchTable', 'SyncClock',
-           'Relay', 'is_set', 'TimingRecorder', 'FakeClock', 'traced_rows', 'phase_intervals', 'stats', 'StepSummary',
-           'fold', 'empty_runs', 'summarize', 'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view',
-           'make_recorder', 'check_int', 'check_number']
+           'ITERATION_STEPS', 'TRAIN_PARTS', 'MARKS', 'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase',
+           'Step', 'BatchTable', 'SyncClock', 'Relay', 'is_set', 'TimingRecorder', 'FakeClock', 'traced_rows',
+           'phase_intervals', 'stats', 'StepSummary', 'fold', 'empty_runs', 'summarize', 'TorchEventTimer',
+           'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder', 'check_int', 'check_number']
 
 # %% ../nbs/00_recorder.ipynb #23875a1a
 import math, time
@@ -56,6 +56,8 @@ APART = (Step.WARMUP, Step.TRACE)  # rows that hold whole batches kept out of th
 SPANS = (Step.FIT, Step.EPOCH, Step.TRAIN, Step.VALID)
 LOOP_STEPS = (Step.ITERATION,)  # a whole turn of the loop: a summary of the phase's rows, not one of its parts
 THROUGHPUT_STEPS = SPANS + (Step.ITERATION, Step.DRAW, Step.BATCH)  # the rows whose samples/second mean something
+ITERATION_STEPS = tuple(s for s in TOP_STEPS if s not in APART)  # draw, batch, other: a steady iteration is their sum
+TRAIN_PARTS = (Step.DRAW, *(s for s in SUB_STEPS if s in TRAIN_STEPS), Step.OTHER)  # draw, the train batch's steps, other, in the order they run
 
 # %% ../nbs/00_recorder.ipynb #d61fba80
 class BatchTable:

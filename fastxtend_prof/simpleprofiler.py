@@ -6,7 +6,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/simpleprofiler.html.md"""
 
 # %% auto #0
 __all__ = ['IDLE', 'FitSession', 'SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'folded_recorder', 'ProfileResult',
-           'fastxtend_layout', 'profile_results', 'fit_result', 'ProfileMode']
+           'fastxtend_layout', 'recorder_results', 'fit_result', 'ProfileMode']
 
 # %% ../nbs/09_simpleprofiler.ipynb #5f678458
 import copy, os, sys, time, warnings
@@ -14,7 +14,7 @@ from functools import partial
 from operator import attrgetter
 from pathlib import Path
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 import pandas as pd
 from fastcore.basics import store_attr, patch, noop
@@ -23,15 +23,16 @@ from fastai.learner import Learner, Recorder as FastaiRecorder
 from fastai.callback.core import Callback
 from fastai.torch_core import find_bs
 from . import events
-from .recorder import *
-from .report import *
+from .recorder import (AFTER_LOSS, AFTER_PRED, AFTER_STEP, BEFORE_BACKWARD, BEFORE_STEP, MARKS, NO_BACKWARD, NO_STEP,
+    PRE_AFTER_BATCH, SYNC_MODES, EventRecorder, Phase, Relay, Step, TimingRecorder, check_int, device_view, fold, make_recorder, summarize)
+from .report import (check_writable, format_report, output_path, results_frame, save_json, save_results, show_report)
 from .plots import save_plots, timeline_frame
 from .compare import (encode_distributions, as_profile, profile_of, compare_profiles,
                                     baseline_advice, show_comparison)
 from .insight import learner_advice, show_advice
 from .trace import trace_config, TraceWindow, TraceObserver, TRACE_NAME
 from .distributed import gather_profile, format_merged, straggler_advice
-from .memory import MemoryTap, MEMORY_EVERY, check_memory, make_memory, with_memory, memory_text
+from .memory import MemoryTap, MemoryProfile, MEMORY_EVERY, check_memory, make_memory, with_memory, memory_text
 from .loggers import LoggerHub, check_logger_callback, check_log_every, fix_fastai_wandb
 
 # %% ../nbs/09_simpleprofiler.ipynb #77c1f993
@@ -277,7 +278,7 @@ def folded_recorder(rec:TimingRecorder) -> TimingRecorder:
     if isinstance(rec, EventRecorder): r.device = {p: fold_copy(tb) for p, tb in rec.device.items()}
     return r
 
-@dataclass
+@dataclass(frozen=True)
 class ProfileResult:
     "Everything a profiled fit produced, stored once as `learn.profile_result`; `learn.simple_profile_*` and `learn.profile_*` read it"
     results:pd.DataFrame # This rank's numeric results (`learn.simple_profile_results`)
@@ -292,11 +293,8 @@ class ProfileResult:
     is_main:bool=True # False on the other ranks of a distributed fit, which show, save and log nothing
     export_raw:bool=False # Pickle the recorder's per-batch rows; False pickles their summaries (`learn.profile(export_raw=...)`)
     comparison:pd.DataFrame|None=None # With `learn.profile(baseline=...)`: `compare_profiles(baseline, this fit)` (`learn.profile_comparison`)
-
-    @property
-    def memory(self):
-        "The fit's `MemoryProfile` (`learn.profile_memory`): None on a cpu, with `memory=False`, or for a profile made before memory was tracked"
-        return getattr(self.recorder, 'memory', None)
+    memory:MemoryProfile|None=None # The fit's memory per step (`learn.profile_memory`): None on a cpu, with `memory=False`, or from before memory was tracked
+    memory_note:str='' # Why memory is not tracked, when `memory` is None
 
     def to_save(self) -> pd.DataFrame:
         "The results the files hold: merged over the ranks where there are several, else this rank's"
@@ -308,9 +306,16 @@ class ProfileResult:
         if not self.export_raw and self.recorder is not None: state['recorder'] = folded_recorder(self.recorder)
         return state
 
+    def __setstate__(self, state):
+        "A result pickled before memory was its own field: it rode on the recorder"
+        if 'memory' not in state:
+            rec = state.get('recorder')
+            state = {**state, 'memory': rec.__dict__.pop('memory', None), 'memory_note': rec.__dict__.pop('memory_note', '')} if rec is not None else state
+        self.__dict__.update(state)
+
 def fastxtend_layout(results:pd.DataFrame) -> pd.DataFrame:
     "`results` laid out as fastxtend 0.1.7's `learn.profile_results`: the step's name in `Action` (`iteration` as its `step`), no `Step` column"
-    return results.assign(Action=results.Step.replace({'iteration': 'step'})).drop(columns='Step')
+    return results.assign(Action=results.Step.replace({Step.ITERATION: 'step'})).drop(columns='Step')
 
 _VIEWS = dict(simple_profile_results='results', simple_profile_report='report', simple_profile_recorder='recorder',
               simple_profile_sync='sync', profile_advice='advice', profile_trace='trace',
@@ -327,7 +332,7 @@ def _view(name, attr, fn=None):
 
 for _name, _attr in _VIEWS.items(): setattr(Learner, _name, _view(_name, *((_attr,) if isinstance(_attr, str) else _attr)))
 
-def profile_results(rec:TimingRecorder, samples_per_second:bool=True):
+def recorder_results(rec:TimingRecorder, samples_per_second:bool=True) -> pd.DataFrame:
     "The results DataFrame of `rec`: device time with Host columns for an `EventRecorder`, host time otherwise"
     if not isinstance(rec, EventRecorder): return results_frame(summarize(rec, samples_per_second=samples_per_second))
     results = results_frame(summarize(device_view(rec), samples_per_second=samples_per_second))
@@ -353,30 +358,30 @@ def _title(session, exc=None, gathered=None) -> str:
     if gathered is not None and gathered.merged is not None: notes.append(gathered.note)
     return 'Simple Profiler report' + (f' ({"; ".join(notes)})' if notes else '')
 
-def _advice(learn, r:ProfileResult) -> list:
-    "The advice on `r`, plus straggling ranks on rank 0 of a distributed fit; a failure here costs the advice, never the results"
+def _advice(learn, results, rec, sync, trace, memory, rank_results) -> list:
+    "The advice on a fit's results, plus straggling ranks on rank 0 of a distributed fit; a failure here costs the advice, never the results"
     try:
-        advice = learner_advice(learn, r.results, r.recorder, sync=r.sync, trace=r.trace, show=False)
-        return advice if r.rank_results is None else advice + straggler_advice(r.rank_results)
+        advice = learner_advice(learn, results, rec, sync=sync, trace=trace, memory=memory, show=False)
+        return advice if rank_results is None else advice + straggler_advice(rank_results)
     except Exception as e:
         warnings.warn(f'Simple Profiler: the advice could not be worked out and is left out: {e!r}')
         return []
 
-def fit_result(learn, session:FitSession, exc:BaseException|None=None) -> ProfileResult:
+def fit_result(learn, session:FitSession, exc:BaseException|None=None, export_raw:bool=False) -> ProfileResult:
     "Everything the fit recorded by `session` produced (`exc`: what it raised), gathered over the ranks of a distributed fit; shows nothing"
     if exc is not None: session.abort()  # close what the exception left open, and stop a trace window
     rec = session.rec
-    rec.memory = None if session.memory is None else session.memory.result(rec.warmup)
-    rec.memory_note = session.memory_note
-    results = with_memory(profile_results(rec, session.count), rec.memory)
+    memory = None if session.memory is None else session.memory.result(rec.warmup)
+    results = with_memory(recorder_results(rec, session.count), memory)
     rec.detach()  # clock, device timer, events: only the record stays, and it pickles with the Learner
     g = gather_profile(results, failed=exc if exc is not None else False)  # every rank, once; None when not distributed
-    r = ProfileResult(results, format_report(results), rec, session.mode, trace=session.trace_result, is_main=g is None or g.is_main)
-    if not r.is_main: return r  # other ranks keep their own results; they show, save and log nothing
-    if g is not None and g.merged is not None:
-        r.rank_results, r.merged_results, r.report = g.ranks, g.merged, format_merged(g.merged)
-    r.title, r.advice = _title(session, exc, g), _advice(learn, r)
-    return r
+    own = dict(results=results, recorder=rec, sync=session.mode, trace=session.trace_result, memory=memory, memory_note=session.memory_note,
+               export_raw=export_raw)
+    if g is not None and not g.is_main: return ProfileResult(**own, report=format_report(results), is_main=False)  # shows, saves, logs nothing
+    merged = g is not None and g.merged is not None
+    ranks = dict(rank_results=g.ranks, merged_results=g.merged, report=format_merged(g.merged)) if merged else dict(report=format_report(results))
+    advice = _advice(learn, results, rec, session.mode, session.trace_result, memory, ranks.get('rank_results'))
+    return ProfileResult(**own, **ranks, title=_title(session, exc, g), advice=advice)
 
 @contextmanager
 def _keep_warning_memory():
@@ -394,7 +399,7 @@ def _note_unprofiled(r:ProfileResult, ended:float, say:bool=True):
     def check(learn):
         if learn.__dict__.get('profile_result') is not r or time.monotonic() - ended > _SOON_S: return
         if _partner(learn, SimpleProfilerCallback) is not None: return  # this fit is profiled: its own report
-        r.title += '; a later fit ran unprofiled'
+        learn.profile_result = replace(r, title=r.title + '; a later fit ran unprofiled')
         if say: print('Simple Profiler: this fit is not profiled; the report above covered the previous fit only. To profile several fits '
               'as one report (such as `fine_tune`\'s frozen and unfrozen fits): `with learn.profiling(): learn.fine_tune(...)`')
     return check
@@ -413,11 +418,10 @@ def _report(self:SimpleProfilerCallback, learn, exc=None):
     session = self._release(learn)
     if not session.active: return
     with _keep_warning_memory():
-        learn.profile_result = r = fit_result(learn, session, exc)
-        r.export_raw = self.export_raw
+        learn.profile_result = r = fit_result(learn, session, exc, self.export_raw)
         try: mine = profile_of(learn) if r.is_main and (self._baseline is not None or self.save_json) else None  # once, for both uses
         except Exception: mine = None  # each use works it out again, and reports a failure its own way
-        if r.is_main and self._baseline is not None: self._compare(learn, r, mine)
+        if r.is_main and self._baseline is not None: learn.profile_result = r = self._compare(learn, r, mine)
         if r.is_main: self._present(learn, r, session.hub, mine)
     if not session.keep_open and r.is_main: events.at_next_fit(learn, _note_unprofiled(r, time.monotonic(), self.show_report))
 
@@ -432,19 +436,20 @@ def _release(self:SimpleProfilerCallback, learn):
     return session
 
 @patch
-def _compare(self:SimpleProfilerCallback, learn, r:ProfileResult, mine=None):
-    "Compare `r` (`mine`: its `profile_of`, if worked out already) with the baseline into `r.comparison` and add its advice; a failure is a warning, never a lost report"
-    try:
-        r.comparison = compare_profiles(self._baseline, mine or profile_of(learn))
-        r.advice = r.advice + baseline_advice(r.comparison)
-    except Exception as e: warnings.warn(f'Simple Profiler: could not compare this fit with the baseline {str(self.baseline)!r}: {e}')
+def _compare(self:SimpleProfilerCallback, learn, r:ProfileResult, mine=None) -> ProfileResult:
+    "`r` with its comparison to the baseline and that comparison's advice (`mine`: `r`'s `profile_of`, if worked out); a failure is a warning, never a lost report"
+    try: c = compare_profiles(self._baseline, mine or profile_of(learn))
+    except Exception as e:
+        warnings.warn(f'Simple Profiler: could not compare this fit with the baseline {str(self.baseline)!r}: {e}')
+        return r
+    return replace(r, comparison=c, advice=r.advice + baseline_advice(c))
 
 @patch
 def _present(self:SimpleProfilerCallback, learn, r:ProfileResult, hub=None, mine=None):
     "Show the report and advice, write the files asked for and send the results to the loggers; the advice and loggers even if a file fails"
     try:
         if self.show_report: show_report(r.report, self.plain, self.markdown, title=r.title)
-        if self.show_report: print(memory_text(r.memory, getattr(r.recorder, 'memory_note', '')))
+        if self.show_report: print(memory_text(r.memory, r.memory_note))
         saved = self._save_files(learn, r, mine)
         if r.trace and r.trace.get('trace_path'): saved.append(('trace', r.trace['trace_path']))
         if self.show_report and saved: print('Saved: ' + '; '.join(f'{what} to {p}' for what, p in saved))

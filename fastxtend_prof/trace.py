@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np, pandas as pd, torch
 from torch.autograd.profiler import record_function
 from torch.profiler import ProfilerAction, ProfilerActivity
-from .recorder import *
-from .insight import Advice
+from .recorder import (AFTER_LOSS, AFTER_PRED, AFTER_STEP, APART, BEFORE_BACKWARD, BEFORE_STEP, DRAW_STEPS, NO_STEP,
+    NO_ZERO_GRAD, PRE_AFTER_BATCH, TRACED, TRAIN_STEPS, VALID_STEPS, Phase, Relay, Step, check_int)
+from .advice import Advice
 
 # %% ../nbs/04_trace.ipynb #54d57c3b
 TRACE_NAME = 'profile_trace.json'

@@ -22,6 +22,15 @@ ALLOWED = {
     ('compare.py', '', 'warmup'): "`run_metadata`'s key for the `warmup` option, and its label in the warning that it differs",
     ('plots.py', '', 'epoch'): "`timeline_frame`'s `epoch` column: the index of the loop a batch ran in, not the `epoch` span",
     ('plots.py', 'plot_timeline', 'epoch'): "the `gid` of the dashed lines where an epoch starts",
+    ('events.py', 'watched_fit', 'fit'): "the name of `Learner.fit` among fastai's originals that `install` keeps",
+    ('events.py', 'uninstall', 'fit'): "the name of `Learner.fit` among fastai's originals that `install` keeps",
+    ('simpleprofiler.py', '_check_options', 'warmup'): "the `warmup` option of `learn.profile`",
+    ('simpleprofiler.py', '_fastxtend_options', 'warmup'): "the `warmup` option, which fastxtend's `drop_first_batch` sets",
+    ('simpleprofiler.py', 'SimpleProfilerCallback', 'draw'): "the `draw` mark of the recorder's `MARKS`, which `before_draw` hands over",
+    ('simpleprofiler.py', '_open', 'trace'): "the file of the `trace` option, among the files a profile writes",
+    ('simpleprofiler.py', 'outputs', 'trace'): "the file of the `trace` option, among the files a profile writes",
+    ('simpleprofiler.py', '_present', 'trace'): "the label of the trace file in the list of files written",
+    ('simpleprofiler.py', '', 'trace'): "`ProfileResult.trace`, the attribute `learn.profile_trace` reads",
 }
 
 def _skipped(tree) -> set:
