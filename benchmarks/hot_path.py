@@ -25,7 +25,6 @@ from fastai.test_utils import synth_learner
 from fastai.callback.core import Callback
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (Learner.profile)
-from fastxtend_prof import events
 from fastxtend_prof.recorder import *
 from fastxtend_prof.simpleprofiler import SimpleProfilerCallback
 

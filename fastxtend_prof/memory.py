@@ -141,16 +141,16 @@ class MemoryTap(Relay):
         self.to.mark(slot)
         if self._row is not None: self._put(slot, self._read())
 
-    def draw_mark(self, slot:int) -> bool:
-        "A mark inside the draw (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`): to the recorder, then read if it took it"
-        took = self.to.draw_mark(slot)
-        if not took or self._row is None: return took
+    def draw_mark(self, slot:int) -> int|None:
+        "A mark inside the draw (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`): to the recorder, then read where it marked it"
+        slot = self.to.draw_mark(slot)
+        if slot is None or self._row is None: return slot
         r = self._read()
         if slot == BEFORE_TFMS and self._row[_SEQ + AFTER_LOAD] != self._row[_SEQ + AFTER_LOAD]:  # transforms before any transfer: as
             self._put(AFTER_LOAD, r)                                                                # the recorder does, the wait ends here
             r = (r[0], r[0])  # ... and nothing came between the two
         self._put(slot, r)
-        return took
+        return slot
 
     def end_batch(self, samples:float|None=None):
         self.to.end_batch(samples)

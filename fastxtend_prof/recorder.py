@@ -123,8 +123,8 @@ class Relay:
     def draw(self):
         "`before_draw`: the next batch is about to be drawn"
         return self.to.draw()
-    def draw_mark(self, slot:int) -> bool:
-        "A mark inside the draw (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`); False if the recorder ignored it"
+    def draw_mark(self, slot:int) -> int|None:
+        "A mark inside the draw (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`): the slot the recorder marked, or None if it ignored it"
         return self.to.draw_mark(slot)
     def start_batch(self, samples:float=_NAN):
         "`before_batch` of a batch of `samples`"
@@ -161,8 +161,8 @@ class TimingRecorder:
         self.spans = {s: array('d') for s in SPANS}
         self._open = {}  # span -> start time
         self._table, self._phase = None, None
-        self._blank = [0.0 if i == FLAGS else _NAN for i in range(N_SLOTS)]
-        self._row, self._row_open, self._draw_t = list(self._blank), False, _NAN
+        self._blank = array('d', [0.0 if i == FLAGS else _NAN for i in range(N_SLOTS)])
+        self._row, self._row_open, self._draw_t = array('d', self._blank), False, _NAN  # typed: a row joins the table by memcpy
         self._sub = [_NAN]*3  # the open draw's AFTER_LOAD, BEFORE_TFMS, AFTER_TFMS: the open row is still the previous batch's
 
     def start(self, step:Step):
@@ -211,14 +211,15 @@ class TimingRecorder:
             row[AFTER_LOAD], row[BEFORE_TFMS], row[AFTER_TFMS] = s
             s[0] = s[1] = s[2] = _NAN
 
-    def draw_mark(self, slot:int) -> bool:
-        "Mark `slot` (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`) inside the open draw, the first time only; False if ignored"
-        if self._draw_t != self._draw_t: return False  # no draw open (NaN): a loader used outside the loop's draw
+    def draw_mark(self, slot:int) -> int|None:
+        "Mark `slot` (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`) inside the open draw, the first time only: the slot marked, or None"
+        if self._draw_t != self._draw_t: return None  # no draw open (NaN): a loader used outside the loop's draw
         s, i = self._sub, slot - AFTER_LOAD
-        if s[i] == s[i]: return False  # marked already: the loop's `next` returns after a fastai loader's hand-over
+        if i == 2 and s[1] != s[1]: slot, i = AFTER_LOAD, 0  # the draw ended and no transforms were seen to start: it was all wait
+        if s[i] == s[i]: return None  # marked already
         t = s[i] = self.clock()
         if i == 1 and s[0] != s[0]: s[0] = t  # transforms before any transfer: the hand-over is their start
-        return True
+        return slot
 
     def mark(self, slot:int):
         "Store the clock in `slot` of the current batch's row"
@@ -598,12 +599,13 @@ class EventRecorder(TimingRecorder):
             self._ev[AFTER_LOAD], self._ev[BEFORE_TFMS], self._ev[AFTER_TFMS] = s
             s[0] = s[1] = s[2] = None
 
-    def draw_mark(self, slot:int) -> bool:
-        if not super().draw_mark(slot): return False
+    def draw_mark(self, slot:int) -> int|None:
+        slot = super().draw_mark(slot)
+        if slot is None: return None
         s, i = self._sub_ev, slot - AFTER_LOAD
         s[i] = e = self._record()
         if i == 1 and s[0] is None: s[0] = e
-        return True
+        return slot
 
     def mark(self, slot:int):
         super().mark(slot)

@@ -57,11 +57,9 @@ def _check_options(opts:dict, kinds:dict):
     if not isinstance(obs, (list, tuple)) or not all(map(callable, obs)): raise ValueError(f'`observers` must be relays (`Relay` subclasses or callables taking the next object), got {obs!r}')
 
 # %% ../nbs/09_simpleprofiler.ipynb #fed1d529
-def _batch_size(learn):
-    "Samples in the current batch: the first target's (or input's) leading dimension"
-    b = learn.yb if len(learn.yb) else learn.xb
-    try: return b[0].shape[0]
-    except (AttributeError, IndexError, TypeError): return find_bs(b)
+def _batch_size(b) -> int:
+    "Samples in a batch's targets (or inputs) `b` whose first item has no leading dimension to read: fastai's `find_bs`"
+    return find_bs(b)
 
 class FitSession(Relay):
     "One profiled fit while it runs: the chain of marks in front of its recorder, the loggers, the timing mode; built by Pre, read by Post"
@@ -126,7 +124,7 @@ class _ProfilerPair(Callback):
         for ev, to in self._marks.items(): self.__dict__[ev] = getattr(s, to) if isinstance(to, str) else partial(s.mark, to)
     def _unbind(self):
         for ev in self._marks: self.__dict__.pop(ev, None)
-    def __getstate__(self): return {k: v for k, v in super().__getstate__().items() if k not in self._marks}  # bound marks are the session's
+    def __getstate__(self): return {k: v for k, v in super().__getstate__().items() if not (k.startswith(('before_', 'after_')) and callable(v))}  # bound marks are the session's
     def wants_before_draw(self):
         "Only while recording: otherwise (`validate`, `get_preds`, a loop outside a fit) fastai runs its own loop"
         return self._session.active
@@ -231,7 +229,12 @@ class SimpleProfilerCallback(_ProfilerPair):
         return self._session.draw_mark if self._session.active else None
     def before_batch(self):
         s = self._session
-        s.start_batch(_batch_size(self.learn)) if s.count else s.start_batch()
+        if not s.count: return s.start_batch()
+        learn = self.learn
+        b = learn.yb if len(learn.yb) else learn.xb  # the samples: the first target's (or input's) leading dimension, read inline (every batch)
+        try: n = b[0].shape[0]
+        except (AttributeError, IndexError, TypeError): n = _batch_size(b)
+        s.start_batch(n)
     def after_cancel_backward(self): self._session.cancel(NO_BACKWARD, close=False)
     def after_cancel_step(self): self._session.cancel(NO_STEP, close=False)
     def after_cancel_batch(self): self._session.cancel()
@@ -261,6 +264,13 @@ class SimpleProfilerPostCallback(_ProfilerPair):
         s = self._session
         s.end_batch()
         if s.hub is not None and self.learn.training: s.hub.after_train_batch(self.learn, s.rec)
+    def _bind(self, s):
+        "As the pair's other events; and with no logger to feed, `after_batch` is the session's `end_batch` itself"
+        super()._bind(s)
+        if s.hub is None: self.__dict__['after_batch'] = s.end_batch
+    def _unbind(self):
+        super()._unbind()
+        self.__dict__.pop('after_batch', None)
     def after_train(self): self._session.end_phase()
     def after_validate(self): self._session.end_phase()
     def after_epoch(self): self._session.stop(Step.EPOCH)
