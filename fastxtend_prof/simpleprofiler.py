@@ -57,10 +57,6 @@ def _check_options(opts:dict, kinds:dict):
     if not isinstance(obs, (list, tuple)) or not all(map(callable, obs)): raise ValueError(f'`observers` must be relays (`Relay` subclasses or callables taking the next object), got {obs!r}')
 
 # %% ../nbs/09_simpleprofiler.ipynb #fed1d529
-def _batch_size(b) -> int:
-    "Samples in a batch's targets (or inputs) `b` whose first item has no leading dimension to read: fastai's `find_bs`"
-    return find_bs(b)
-
 class FitSession(Relay):
     "One profiled fit while it runs: the chain of marks in front of its recorder, the loggers, the timing mode; built by Pre, read by Post"
     active = True
@@ -233,7 +229,7 @@ class SimpleProfilerCallback(_ProfilerPair):
         learn = self.learn
         b = learn.yb if len(learn.yb) else learn.xb  # the samples: the first target's (or input's) leading dimension, read inline (every batch)
         try: n = b[0].shape[0]
-        except (AttributeError, IndexError, TypeError): n = _batch_size(b)
+        except (AttributeError, IndexError, TypeError): n = find_bs(b)  # no leading dimension to read: fastai's own search
         s.start_batch(n)
     def after_cancel_backward(self): self._session.cancel(NO_BACKWARD, close=False)
     def after_cancel_step(self): self._session.cancel(NO_STEP, close=False)
