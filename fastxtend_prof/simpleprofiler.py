@@ -118,9 +118,14 @@ class _ProfilerPair(Callback):
     def _bind(self, s):
         "While `s` records, each event of `_marks` is `s`'s own mark: fastai's dispatch calls it with no call of ours between"
         for ev, to in self._marks.items(): self.__dict__[ev] = getattr(s, to) if isinstance(to, str) else partial(s.mark, to)
+    def _bound(self) -> list:
+        "The events bound to a session's marks on this callback: instance attributes named for an event"
+        return [k for k, v in self.__dict__.items() if k.startswith(('before_', 'after_')) and callable(v)]
     def _unbind(self):
-        for ev in self._marks: self.__dict__.pop(ev, None)
-    def __getstate__(self): return {k: v for k, v in super().__getstate__().items() if not (k.startswith(('before_', 'after_')) and callable(v))}  # bound marks are the session's
+        for ev in self._bound(): del self.__dict__[ev]
+    def __getstate__(self):  # bound marks are the session's: a pickle holds none
+        bound = self._bound()
+        return {k: v for k, v in super().__getstate__().items() if k not in bound}
     def wants_before_draw(self):
         "Only while recording: otherwise (`validate`, `get_preds`, a loop outside a fit) fastai runs its own loop"
         return self._session.active
@@ -264,9 +269,6 @@ class SimpleProfilerPostCallback(_ProfilerPair):
         "As the pair's other events; and with no logger to feed, `after_batch` is the session's `end_batch` itself"
         super()._bind(s)
         if s.hub is None: self.__dict__['after_batch'] = s.end_batch
-    def _unbind(self):
-        super()._unbind()
-        self.__dict__.pop('after_batch', None)
     def after_train(self): self._session.end_phase()
     def after_validate(self): self._session.end_phase()
     def after_epoch(self): self._session.stop(Step.EPOCH)
