@@ -61,7 +61,7 @@ class AllBatches:
 
 # %% ../nbs/01_events.ipynb #2e48bf17
 def draw_marker(learn):
-    "The `mark(slot)` of the first callback of `learn` that listens to `before_draw` now and has a `draw_marker`, or None"
+    "The `marker(slot)` of the first callback of `learn` that listens to `before_draw` now and has a `draw_marker`, or None"
     training = getattr(learn, 'training', False)
     for cb in learn.cbs:
         f = getattr(type(cb), 'draw_marker', None)
@@ -69,30 +69,36 @@ def draw_marker(learn):
         if m is not None: return m
     return None
 
-def _handing_over(make_iter, fake_l, mark, slot):
-    "Iterate `make_iter(fake_l)` (a torch DataLoader iterator), calling `mark(slot)` as each batch is handed over"
+def _handing_over(make_iter, fake_l, handed):
+    "Iterate `make_iter(fake_l)` (a torch DataLoader iterator), calling `handed()` as each batch is handed over"
     for b in make_iter(fake_l):
-        mark(slot)
+        handed()
         yield b
 
 @contextlib.contextmanager
-def split_draw(dl, mark):
-    "While a loop over `dl` runs, have fastai's `DataLoader.__iter__` `mark` the draw's inside; yields what the loop calls after each `next`"
-    if mark is None: yield noop; return
-    drawn = functools.partial(mark, AFTER_TFMS)  # `next` returned: the transforms ended (the recorder takes it as the wait's end if none started)
+def split_draw(dl, marker):
+    "While a loop over `dl` runs, have fastai's `DataLoader.__iter__` mark the draw's inside; yields what the loop calls after each `next`"
+    if marker is None: yield noop; return
+    drawn = marker(AFTER_TFMS)  # `next` returned: the transforms ended (the recorder takes it as the wait's end if none started)
     if not isinstance(dl, _load.DataLoader) or not isinstance(getattr(_load, '_loaders', None), tuple): yield drawn; return  # a torch loader
-    handed = AFTER_LOAD if dl.device is not None else BEFORE_TFMS  # with no device to move the batch to, its transforms start at the hand-over
-    loaders, to_dev = _load._loaders, _load.to_device
-    def pick(make_iter):  # only `dl`'s own iterations are marked: another loader used meanwhile is left alone
-        return lambda fake_l: _handing_over(make_iter, fake_l, mark, handed) if fake_l is dl.fake_l else make_iter(fake_l)
+    if dl.device is None:  # no transfer: the transforms start as the loader hands the batch over
+        handed, loaders = marker(BEFORE_TFMS), _load._loaders
+        def pick(make_iter):  # only `dl`'s own iterations are marked: another loader used meanwhile is left alone
+            return lambda fake_l: _handing_over(make_iter, fake_l, handed) if fake_l is dl.fake_l else make_iter(fake_l)
+        _load._loaders = tuple(map(pick, loaders))
+        try: yield drawn
+        finally: _load._loaders = loaders
+        return
+    handed, moved, to_dev = marker(AFTER_LOAD), marker(BEFORE_TFMS), _load.to_device
     @functools.wraps(to_dev)
-    def to_device(*args, **kwargs):  # fastai's `to_device` returned in the loader: the transforms start
+    def to_device(*args, **kwargs):  # the loader calls fastai's `to_device` on each batch it hands over; the transforms follow
+        handed()
         b = to_dev(*args, **kwargs)
-        mark(BEFORE_TFMS)
+        moved()
         return b
-    _load._loaders, _load.to_device = tuple(map(pick, loaders)), to_device
+    _load.to_device = to_device
     try: yield drawn
-    finally: _load._loaders, _load.to_device = loaders, to_dev
+    finally: _load.to_device = to_dev
 
 # %% ../nbs/01_events.ipynb #ad7a1696
 # Learner -> stack of watcher lists. Kept off each Learner, so pickles and copies don't carry it, and on the class, so that

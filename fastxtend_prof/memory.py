@@ -14,7 +14,7 @@ import math, warnings
 from array import array
 from dataclasses import dataclass, field
 import numpy as np, pandas as pd, torch
-from .recorder import (AFTER_LOAD, AFTER_TFMS, BEFORE_BATCH, BEFORE_DRAW, BEFORE_TFMS, LOOP_STEPS, NEXT_DRAW, N_SLOTS,
+from .recorder import (draw_sources, AFTER_LOAD, AFTER_TFMS, BEFORE_BATCH, BEFORE_DRAW, BEFORE_TFMS, LOOP_STEPS, NEXT_DRAW, N_SLOTS,
     POST_AFTER_BATCH, STEP_SLOTS, TRAIN_STEPS, VALID_STEPS, Phase, Relay, Step, check_int)
 
 # %% ../nbs/14_memory.ipynb #2e538f2c
@@ -105,7 +105,7 @@ class MemoryTap(Relay):
         self._seq += 1
 
     def _open(self, samples=math.nan):
-        self._row, self._seq = [math.nan]*ROW, 0
+        self._row, self._seq, self._draw = [math.nan]*ROW, 0, [None]*3  # _draw: the draw's readings, settled when the batch starts
         self._row[_K], self._row[_SAMPLES] = self._k, samples
 
     def _close(self, reading:tuple|None=None):
@@ -133,6 +133,7 @@ class MemoryTap(Relay):
         self.to.start_batch(samples)
         if self._k % self.every == 0:
             if self._row is None: self._open()  # no `before_draw` was seen
+            self._put_draw()
             self._row[_SAMPLES] = samples
             self._put(BEFORE_BATCH, self._read())
         self._k += 1
@@ -141,16 +142,21 @@ class MemoryTap(Relay):
         self.to.mark(slot)
         if self._row is not None: self._put(slot, self._read())
 
-    def draw_mark(self, slot:int) -> int|None:
-        "A mark inside the draw (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`): to the recorder, then read where it marked it"
-        slot = self.to.draw_mark(slot)
-        if slot is None or self._row is None: return slot
-        r = self._read()
-        if slot == BEFORE_TFMS and self._row[_SEQ + AFTER_LOAD] != self._row[_SEQ + AFTER_LOAD]:  # transforms before any transfer: as
-            self._put(AFTER_LOAD, r)                                                                # the recorder does, the wait ends here
-            r = (r[0], r[0])  # ... and nothing came between the two
-        self._put(slot, r)
-        return slot
+    def draw_mark(self, slot:int) -> float:
+        "A mark inside the draw (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`): to the recorder, and a reading kept until the batch starts"
+        t = self.to.draw_mark(slot)
+        if self._row is not None and self._row[_SEQ + BEFORE_BATCH] != self._row[_SEQ + BEFORE_BATCH]: self._draw[slot - AFTER_LOAD] = (t, self._read())
+        return t
+
+    def _put_draw(self):
+        "Put the draw's readings where the recorder settled its marks (`draw_sources`)"
+        d, self._draw = self._draw, [None]*3
+        src = draw_sources(self.rec._row, [math.nan if x is None else x[0] for x in d])
+        for j, i in enumerate(src):
+            if i is None: continue
+            r = d[i][1]
+            if j == 1 and src[0] == i: r = (r[0], r[0])  # the wait ended where the transforms began: nothing came between
+            self._put(AFTER_LOAD + j, r)
 
     def end_batch(self, samples:float|None=None):
         self.to.end_batch(samples)

@@ -10,13 +10,16 @@ __all__ = ['BEFORE_DRAW', 'BEFORE_BATCH', 'AFTER_PRED', 'AFTER_LOSS', 'BEFORE_BA
            'AFTER_TFMS', 'N_SLOTS', 'NO_BACKWARD', 'NO_STEP', 'NO_ZERO_GRAD', 'TRACED', 'TRAIN_STEPS', 'VALID_STEPS',
            'SUB_STEPS', 'DRAW_STEPS', 'STEP_SLOTS', 'TOP_STEPS', 'APART', 'SPANS', 'LOOP_STEPS', 'THROUGHPUT_STEPS',
            'ITERATION_STEPS', 'TRAIN_PARTS', 'MARKS', 'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase',
-           'Step', 'BatchTable', 'SyncClock', 'Relay', 'is_set', 'TimingRecorder', 'FakeClock', 'traced_rows',
-           'phase_intervals', 'stats', 'StepSummary', 'fold', 'empty_runs', 'summarize', 'TorchEventTimer',
-           'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder', 'check_int', 'check_number']
+           'Step', 'BatchTable', 'SyncClock', 'Relay', 'is_set', 'draw_sources', 'TimingRecorder', 'FakeClock',
+           'traced_rows', 'phase_intervals', 'stats', 'StepSummary', 'fold', 'empty_runs', 'summarize',
+           'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder', 'check_int',
+           'check_number']
 
 # %% ../nbs/00_recorder.ipynb #23875a1a
 import math, time
 from array import array
+from functools import partial
+from itertools import repeat
 from enum import Enum
 from typing import Callable
 import numpy as np
@@ -123,8 +126,8 @@ class Relay:
     def draw(self):
         "`before_draw`: the next batch is about to be drawn"
         return self.to.draw()
-    def draw_mark(self, slot:int) -> int|None:
-        "A mark inside the draw (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`): the slot the recorder marked, or None if it ignored it"
+    def draw_mark(self, slot:int) -> float:
+        "A mark inside the draw (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`): the host time the recorder stored (see `draw_sources`)"
         return self.to.draw_mark(slot)
     def start_batch(self, samples:float=_NAN):
         "`before_batch` of a batch of `samples`"
@@ -141,11 +144,23 @@ class Relay:
     def abort(self):
         "The fit died: close everything still open"
         return self.to.abort()
+    def marker(self, name:str, *args):
+        "A callable taking no argument that makes the mark `name` with `args`: the next object's own if this relay doesn't watch `name`"
+        if getattr(type(self), name) is getattr(Relay, name): return self.to.marker(name, *args)
+        return partial(getattr(self, name), *args)
 
 # %% ../nbs/00_recorder.ipynb #4a03270e
 def is_set(t:float) -> bool:
     "Whether the mark or time `t` was written (an unwritten one is NaN)"
     return not math.isnan(t)
+
+def draw_sources(row, marks) -> tuple:
+    "Which of the draw's `marks` (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS` as marked) `start_batch` kept in `row`'s three slots: an index or None each"
+    def source(j):
+        v = row[AFTER_LOAD + j]
+        if v != v: return None
+        return j if marks[j] == v else next((i for i, m in enumerate(marks) if m == v), None)
+    return tuple(map(source, range(3)))
 
 class TimingRecorder:
     "Owns a profiled fit's timing state: spans, one row of marks per batch, `warmup` leading batches per loop"
@@ -207,19 +222,16 @@ class TimingRecorder:
         if self._row_open: self._close_row(d)
         row, s = self._row, self._sub
         row[BEFORE_DRAW], row[BEFORE_BATCH], row[SAMPLES], self._row_open = d, t, samples, True
-        if s[0] == s[0]:  # the draw was split: store its marks with the batch
-            row[AFTER_LOAD], row[BEFORE_TFMS], row[AFTER_TFMS] = s
+        a, b, c = s
+        if c >= d:  # the draw was split (its last mark, the batch handed to the loop, is in this draw): settle its marks
+            if b >= d: row[AFTER_LOAD], row[BEFORE_TFMS], row[AFTER_TFMS] = (a if a >= d else b), b, c  # no transfer seen: the wait ended as transforms began
+            else: row[AFTER_LOAD] = a if a >= d else c  # no transforms seen: the draw ended with the wait (or with the transfer)
             s[0] = s[1] = s[2] = _NAN
 
-    def draw_mark(self, slot:int) -> int|None:
-        "Mark `slot` (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`) inside the open draw, the first time only: the slot marked, or None"
-        if self._draw_t != self._draw_t: return None  # no draw open (NaN): a loader used outside the loop's draw
-        s, i = self._sub, slot - AFTER_LOAD
-        if i == 2 and s[1] != s[1]: slot, i = AFTER_LOAD, 0  # the draw ended and no transforms were seen to start: it was all wait
-        if s[i] == s[i]: return None  # marked already
-        t = s[i] = self.clock()
-        if i == 1 and s[0] != s[0]: s[0] = t  # transforms before any transfer: the hand-over is their start
-        return slot
+    def draw_mark(self, slot:int) -> float:
+        "Mark `slot` (`AFTER_LOAD`, `BEFORE_TFMS`, `AFTER_TFMS`) inside the draw; the last of each in a draw counts, `start_batch` settles them: the time"
+        t = self._sub[slot - AFTER_LOAD] = self.clock()
+        return t
 
     def mark(self, slot:int):
         "Store the clock in `slot` of the current batch's row"
@@ -230,6 +242,16 @@ class TimingRecorder:
         row = self._row
         row[POST_AFTER_BATCH] = self.clock()
         if samples is not None: row[SAMPLES] = samples
+
+    def marker(self, name:str, *args):
+        "A callable taking no argument that makes the mark `name` with `args`; `draw`, `draw_mark`, `mark` and `end_batch` run no Python frame"
+        cls = type(self)
+        if name == 'mark' and cls.mark is TimingRecorder.mark: return map(self._row.__setitem__, repeat(args[0]), iter(self.clock, None)).__next__
+        if name == 'end_batch' and not args and cls.end_batch is TimingRecorder.end_batch:
+            return map(self._row.__setitem__, repeat(POST_AFTER_BATCH), iter(self.clock, None)).__next__
+        if name == 'draw' and cls.draw is TimingRecorder.draw: return map(partial(setattr, self, '_draw_t'), iter(self.clock, None)).__next__
+        if name == 'draw_mark' and cls.draw_mark is TimingRecorder.draw_mark: return map(self._sub.__setitem__, repeat(args[0] - AFTER_LOAD), iter(self.clock, None)).__next__
+        return partial(getattr(self, name), *args)
 
     def _close_row(self, end):
         row, table = self._row, self._table
@@ -589,23 +611,19 @@ class EventRecorder(TimingRecorder):
         self._draw_ev = self._record()
 
     def start_batch(self, samples:float=_NAN):
-        ev = self._record()
+        ev, host = self._record(), tuple(self._sub)
         d, self._draw_ev = self._draw_ev, None
         self._end_ev = ev if d is None else d
         super().start_batch(samples)
         self._ev[BEFORE_DRAW], self._ev[BEFORE_BATCH] = self._end_ev, ev
         s = self._sub_ev
-        if s[0] is not None:
-            self._ev[AFTER_LOAD], self._ev[BEFORE_TFMS], self._ev[AFTER_TFMS] = s
-            s[0] = s[1] = s[2] = None
+        for j, i in enumerate(draw_sources(self._row, host)): self._ev[AFTER_LOAD + j] = None if i is None else s[i]
+        s[0] = s[1] = s[2] = None
 
-    def draw_mark(self, slot:int) -> int|None:
-        slot = super().draw_mark(slot)
-        if slot is None: return None
-        s, i = self._sub_ev, slot - AFTER_LOAD
-        s[i] = e = self._record()
-        if i == 1 and s[0] is None: s[0] = e
-        return slot
+    def draw_mark(self, slot:int) -> float:
+        t = super().draw_mark(slot)
+        self._sub_ev[slot - AFTER_LOAD] = self._record()
+        return t
 
     def mark(self, slot:int):
         super().mark(slot)

@@ -203,9 +203,26 @@ def test_profiled_fit_keeps_the_loaders_pipelines():
     learn.remove_cb(ProgressCallback)
     learn.profile(show_report=False)
     with learn.no_logging(): learn.fit(1)
-    assert seen and set(seen) == {(False, False, True, True)}   # wrapped while it ran, the pipelines fastai's own
+    assert seen and set(seen) == {(False, True, True, True)}   # `to_device` wrapped while it ran (the loaders have a device), the pipelines fastai's own
     assert load.to_device is to_device and load._loaders is loaders
     assert row(learn.simple_profile_results, 'train', 'transforms')['Number of Calls'] > 0
+
+def test_a_callback_drawing_from_another_loader_leaves_the_split_exact():
+    """A callback that takes a batch of another fastai loader in `before_draw` (inside the draw) and in `after_batch`
+    (between draws): that loader's marks are overwritten by the draw's own (the last of each counts) or dropped as older
+    than the draw, so transfer and transforms stay exactly their waits, and the callback's time is part of the wait"""
+    from fastai.callback.core import Callback
+    class Peek(Callback):
+        def before_draw(self): self.learn.dls.valid.one_batch()
+        def after_batch(self): self.learn.dls.valid.one_batch()
+    with spend.using(WAITS, ManualClock()) as sp, recorder_with(sp.clock, 'none'):
+        learn = Learner(make_dls('fastai'), Model(), loss_func=F.mse_loss, opt_func=SGD, lr=1e-3, cbs=Peek())
+        learn.remove_cb(ProgressCallback)
+        learn.profile(show_report=False)
+        with learn.no_logging(): learn.fit(1)
+    res = learn.simple_profile_results
+    for step, want in (('wait', WAITS['wait'] + sum(WAITS.values())), ('transfer', WAITS['transfer']), ('transforms', WAITS['transforms'])):
+        for c in ('Mean Duration', 'Max Duration'): assert row(res, 'train', step)[c] == pytest.approx(want, abs=1e-12), (step, c)
 
 class Batches:
     "A loader of neither kind: a plain iterable of ready batches"
