@@ -8,7 +8,8 @@ Two measurements, both on fastai's `synth_learner` with one torch thread:
    - `floor`: the loop that emits `before_draw` plus two bare callbacks stamping `perf_counter()` at every per-batch
      event (as in `overhead.py`);
    - `callbacks`: our two callbacks, the loop and the session, with every per-batch mark swallowed by a relay in
-     front of the recorder and the draw not split: what fastai's dispatch and our callbacks cost;
+     front of the recorder and the draw not split: what fastai's dispatch and our callbacks cost (the pair answers
+     the per-batch events from its `_events`, the floor's callbacks go through fastai's `Callback.__call__`);
    - `+ relay`: as `callbacks` plus a relay that watches nothing (its marks are bound straight through);
    - `+ marks`: the recorder takes the marks (the draw still not split);
    - `ours`: as shipped, the draw split on.
@@ -31,7 +32,7 @@ from fastxtend_prof.simpleprofiler import SimpleProfilerCallback
 class Swallow(Relay):
     "Takes the per-batch marks and passes none on: the recorder sees loops and spans but no batch"
     def draw(self): pass
-    def draw_mark(self, slot): return False
+    def draw_mark(self, slot): return math.nan
     def start_batch(self, samples=math.nan): pass
     def mark(self, slot): pass
     def end_batch(self, samples=None): pass
@@ -89,13 +90,15 @@ def mark_costs(number:int=20000) -> dict:
         for s in (AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH): rec.mark(s)
         rec.end_batch()
     parts = {'draw': lambda: rec.draw(), 'start_batch (closes the previous row)': lambda: (rec.draw(), rec.start_batch(16)),
-             'mark': lambda: rec.mark(AFTER_PRED), 'end_batch': lambda: rec.end_batch(),
+             'mark': lambda: rec.mark(AFTER_PRED), 'mark, as fastai calls it (its `marker`)': rec.marker('mark', AFTER_PRED),
+             'end_batch': lambda: rec.end_batch(),
              "draw_mark (the draw's two)": lambda: (rec.draw(), rec.draw_mark(BEFORE_TFMS), rec.draw_mark(AFTER_TFMS)),
-             'a whole batch (all of the above)': batch, 'a Python call doing nothing': lambda: None}
+             'a whole batch (the methods above)': batch, 'a Python call doing nothing': lambda: None}
     out = {k: min(timeit.repeat(f, number=number, repeat=5))/number*1e6 for k, f in parts.items()}
     base = out.pop('a Python call doing nothing')
     out['draw_mark (the draw\'s two)'] -= out['draw'] - base  # the draw it needs open
     out['start_batch (closes the previous row)'] -= out['draw'] - base
+    out['mark, as fastai calls it (its `marker`)'] += base  # called directly, not through a lambda: nothing to take off
     return {k: v - base for k, v in out.items()}
 
 def main():

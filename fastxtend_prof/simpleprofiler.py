@@ -20,7 +20,10 @@ import pandas as pd
 from fastcore.basics import store_attr, patch, noop
 from fastcore.meta import delegates
 from fastai.learner import Learner, Recorder as FastaiRecorder
-from fastai.callback.core import Callback
+import fastai.callback.core as _cbcore
+from fastai.callback.core import (Callback, CancelBatchException, CancelBackwardException, CancelStepException, CancelTrainException,
+    CancelValidException, CancelEpochException, CancelFitException)
+from fastcore.xtras import modify_exception
 from fastai.torch_core import find_bs
 from . import events
 from .recorder import (AFTER_LOSS, AFTER_PRED, AFTER_STEP, BEFORE_BACKWARD, BEFORE_STEP, MARKS, NO_BACKWARD, NO_STEP,
@@ -95,6 +98,7 @@ class _IdleSession:
     rec = hub = trace = trace_result = memory = None
     mode, note, pair, keep_open, fits, in_fit, memory_note = 'none', '', (), False, 0, False, ''
 for _m in MARKS: setattr(_IdleSession, _m, staticmethod(noop))
+_IdleSession.marker = staticmethod(lambda name, *args: noop)  # every mark, as a callable: does nothing
 
 IDLE = _IdleSession()
 
@@ -105,27 +109,32 @@ def _marking(to):
     if isinstance(to, str): return lambda self: getattr(self._session, to)()
     return lambda self: self._session.mark(to)
 
+_CANCELS = (CancelBatchException, CancelBackwardException, CancelStepException, CancelTrainException, CancelValidException,
+            CancelEpochException, CancelFitException)  # what fastai's dispatch lets through a callback unwrapped
+
 class _ProfilerPair(Callback):
-    "What both callbacks share: the fit's session (`IDLE` between fits, never pickled) and quick answers to fastai's lookups"
+    "What both callbacks share: the fit's session (`IDLE` between fits, never pickled) and a short way through fastai's dispatch"
     _marks = {}  # the per-batch events that only hand the session one mark: event -> the slot (or the mark's name)
-    _stateattrs = ('_session',)  # the live state of a fit in progress: a pickled or copied callback starts idle
-    _session = IDLE
-    training = property(attrgetter('learn.training'), doc="`learn.training`, which fastai's dispatch reads at every per-batch event: "
-                        "looked up by `attrgetter`, without a Python call of ours")
+    _stateattrs = ('_session', '_events')  # the live state of a fit in progress: a pickled or copied callback starts idle
+    _session, _events = IDLE, {}
+    training = property(attrgetter('learn.training'), doc="`learn.training`, which fastai's dispatch reads at every per-batch event "
+                        "it sends the long way: looked up by `attrgetter`, without a Python call of ours")
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         for ev, to in cls._marks.items(): setattr(cls, ev, _marking(to))
     def _bind(self, s):
-        "While `s` records, each event of `_marks` is `s`'s own mark: fastai's dispatch calls it with no call of ours between"
-        for ev, to in self._marks.items(): self.__dict__[ev] = getattr(s, to) if isinstance(to, str) else partial(s.mark, to)
-    def _bound(self) -> list:
-        "The events bound to a session's marks on this callback: instance attributes named for an event"
-        return [k for k, v in self.__dict__.items() if k.startswith(('before_', 'after_')) and callable(v)]
-    def _unbind(self):
-        for ev in self._bound(): del self.__dict__[ev]
-    def __getstate__(self):  # bound marks are the session's: a pickle holds none
-        bound = self._bound()
-        return {k: v for k, v in super().__getstate__().items() if k not in bound}
+        "While `s` records, each per-batch event has its handler in `_events`: for those of `_marks`, `s.marker` for the mark itself"
+        if not (self.run_train and self.run_valid): return  # fastai's own checks are needed: every event the long way
+        marks = {ev: s.marker(to) if isinstance(to, str) else s.marker('mark', to) for ev, to in self._marks.items()}
+        self._events = {ev: marks.get(ev) or getattr(self, ev, noop) for ev in _cbcore._inner_loop}
+    def _unbind(self): self.__dict__.pop('_events', None)
+    def __call__(self, event_name):
+        "fastai's dispatch to this callback: while recording, a per-batch event is one lookup in `_events` and its handler"
+        f = self._events.get(event_name)
+        if f is None or not self.run: return super().__call__(event_name)  # not recording, not a per-batch event, or switched off
+        try: return f()  # fastai's checks would pass: this pair runs in both loops (`_bind`) and `run` is set
+        except _CANCELS: raise
+        except Exception as e: raise modify_exception(e, f'Exception occured in `{type(self).__name__}` when calling event `{event_name}`:\n\t{e.args[0] if e.args else e!r}', replace=True)
     def wants_before_draw(self):
         "Only while recording: otherwise (`validate`, `get_preds`, a loop outside a fit) fastai runs its own loop"
         return self._session.active
@@ -227,7 +236,7 @@ class SimpleProfilerCallback(_ProfilerPair):
     def before_validate(self): self._session.begin_phase(Phase.VALID)
     def draw_marker(self):
         "Where the loop sends the marks inside each draw (wait, transfer, transforms; see `events.split_draw`): the recorder, while recording"
-        return self._session.draw_mark if self._session.active else None
+        return partial(self._session.marker, 'draw_mark') if self._session.active else None
     def before_batch(self):
         s = self._session
         if not s.count: return s.start_batch()
@@ -268,7 +277,7 @@ class SimpleProfilerPostCallback(_ProfilerPair):
     def _bind(self, s):
         "As the pair's other events; and with no logger to feed, `after_batch` is the session's `end_batch` itself"
         super()._bind(s)
-        if s.hub is None: self.__dict__['after_batch'] = s.end_batch
+        if s.hub is None and self._events: self._events['after_batch'] = s.marker('end_batch')
     def after_train(self): self._session.end_phase()
     def after_validate(self): self._session.end_phase()
     def after_epoch(self): self._session.stop(Step.EPOCH)

@@ -584,7 +584,7 @@ def test_star_import_beside_fastai_changes_no_fastai_name(ours_first):
     assert ns['MyCB'].order == ns['Recorder'].order + 1
 
 def test_callback_attributes_keep_their_identity_during_a_fit(tmp_path):
-    "The pair's state is one session object, set in Pre's `before_fit`; no attribute of either callback changes until the fit ends"
+    "The pair's state is one session object and the handlers bound to it (`_events`), set in Pre's `before_fit`; no attribute of either callback changes until the fit ends"
     from fastxtend_prof.simpleprofiler import IDLE, FitSession
     snaps = []
     class Snap(Callback):
@@ -600,5 +600,5 @@ def test_callback_attributes_keep_their_identity_during_a_fit(tmp_path):
     pair = [cb for cb in learn.cbs if isinstance(cb, (SimpleProfilerCallback, SimpleProfilerPostCallback))]
     with learn.no_bar(): learn.fit(2)
     assert len(snaps) > 50 and all(s == snaps[0] for s in snaps)
-    assert all(cb._session is IDLE for cb in pair) and SimpleProfilerCallback._stateattrs == ('_session',)
+    assert all(cb._session is IDLE and '_events' not in vars(cb) for cb in pair) and SimpleProfilerCallback._stateattrs == ('_session', '_events')
     assert type(learn.simple_profile_recorder).__name__ == 'TimingRecorder' and learn.profile_trace['batches'] == [0, 1]
