@@ -1,0 +1,146 @@
+"""What the profiler says when one rank of a data-parallel fit is slow in one step.
+
+Runs `--world` gloo ranks on the CPU, each a fastai `Learner` whose model is wrapped in `DistributedDataParallel`,
+`--batches` train batches of `--bs` per rank, and gives rank 1 `--delay` seconds of extra work per train batch in one
+place at a time:
+
+- `none`: no delay (a balanced run);
+- `draw`: the rank's dataset busy-waits while its batch is collated;
+- `forward`: a layer in front of the model busy-waits in `forward`;
+- `backward`: a custom autograd function busy-waits in `backward`, inside DDP's backward, before the gradient all-reduce;
+- `opt_step`: a callback busy-waits in `before_step`.
+
+For each case it prints every rank's mean train step durations (ms) and the advice rank 0's report gives, so that
+what the straggler analysis finds can be read against where the delay really was.
+
+    python benchmarks/ddp_straggler.py                       # 2 ranks, every case
+    python benchmarks/ddp_straggler.py --world 3 --cases forward backward
+"""
+import argparse, os, pickle, socket, sys, tempfile, time, traceback
+from datetime import timedelta
+from pathlib import Path
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+CASES = ('none', 'draw', 'forward', 'backward', 'opt_step')
+STEPS = ('draw', 'forward', 'loss', 'backward', 'opt_step', 'zero_grad', 'other')
+SLOW = 1  # the rank given the delay
+
+def busy(s:float):
+    "Spend `s` seconds of CPU (a sleep would free the core: real work does not)"
+    end = time.perf_counter() + s
+    while time.perf_counter() < end: pass
+
+class Items(torch.utils.data.Dataset):
+    "Synthetic regression items"
+    def __init__(self, n, seed):
+        g = torch.Generator().manual_seed(seed)
+        self.x = torch.randn(n, 1, generator=g)
+        self.y = 2*self.x + 1
+    def __len__(self): return len(self.x)
+    def __getitem__(self, i): return self.x[i], self.y[i]
+
+class SlowForward(torch.nn.Module):
+    def __init__(self, delay): super().__init__(); self.delay = delay
+    def forward(self, x):
+        busy(self.delay)
+        return x
+
+class SlowGrad(torch.autograd.Function):
+    "The identity forward; its backward busy-waits `delay` s"
+    @staticmethod
+    def forward(ctx, x, delay):
+        ctx.delay = delay
+        return x.view_as(x)
+    @staticmethod
+    def backward(ctx, g):
+        busy(ctx.delay)
+        return g, None
+
+class Model(torch.nn.Module):
+    "fastai's `RegModel` (y = a*x + b) with the forward or backward delays in front of it"
+    def __init__(self, fwd=0., bwd=0.):
+        super().__init__()
+        self.a, self.b = torch.nn.Parameter(torch.randn(1)), torch.nn.Parameter(torch.randn(1))
+        self.slow, self.bwd = SlowForward(fwd), bwd
+    def forward(self, x):
+        y = self.slow(x)*self.a + self.b
+        return SlowGrad.apply(y, self.bwd) if self.bwd else y
+
+def learner(rank, case, a):
+    from fastai.data.core import DataLoaders
+    from fastai.data.load import DataLoader, fa_collate
+    from fastai.learner import Learner
+    from fastai.losses import MSELossFlat
+    from fastai.callback.core import Callback
+    from fastai.callback.progress import ProgressCallback
+    from fastcore.basics import noop
+    delay = a.delay if rank == SLOW else 0.
+    def collate(b):
+        if case == 'draw': busy(delay)
+        return fa_collate(b)
+    trn, val = Items(a.batches*a.bs, seed=rank), Items(2*a.bs, seed=99)
+    dls = DataLoaders(DataLoader(trn, bs=a.bs, shuffle=True, num_workers=0, create_batch=collate),
+                      DataLoader(val, bs=a.bs, num_workers=0), device='cpu')
+    torch.manual_seed(0)
+    model = Model(fwd=delay if case == 'forward' else 0., bwd=delay if case == 'backward' else 0.)
+    learn = Learner(dls, model, loss_func=MSELossFlat(), lr=1e-2)
+    learn.remove_cbs([cb for cb in learn.cbs if isinstance(cb, ProgressCallback)])
+    learn.logger = noop
+    if case == 'opt_step':
+        class SlowStep(Callback):
+            def before_step(self): busy(delay)
+        learn.add_cb(SlowStep())
+    from torch.nn.parallel import DistributedDataParallel
+    learn.model = DistributedDataParallel(learn.model)
+    return learn
+
+def worker(rank, world, port, out, case, a):
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    rec = {}
+    try:
+        import fastxtend_prof.all  # noqa: F401
+        dist.init_process_group('gloo', rank=rank, world_size=world, timeout=timedelta(seconds=60))
+        learn = learner(rank, case, a)
+        learn.profile(show_report=False)
+        learn.fit(1)
+        res = learn.simple_profile_results
+        train = res[res.Phase == 'train']
+        rec['means'] = {s: float(train[train.Step == s]['Mean Duration'].iloc[0])*1e3 for s in STEPS if (train.Step == s).any()}
+        rec['advice'] = [f'[{x.rule}] {x.verdict} -> {x.suggestion}' for x in learn.profile_advice] if rank == 0 else []
+    except BaseException: rec['error'] = traceback.format_exc()
+    finally:
+        if dist.is_initialized(): dist.destroy_process_group()
+        Path(out, f'rank{rank}.pkl').write_bytes(pickle.dumps(rec))
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+def run(case, a):
+    with tempfile.TemporaryDirectory() as d:
+        mp.start_processes(worker, args=(a.world, free_port(), d, case, a), nprocs=a.world, start_method='spawn')
+        return [pickle.loads(Path(d, f'rank{r}.pkl').read_bytes()) for r in range(a.world)]
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--world', type=int, default=2)
+    p.add_argument('--batches', type=int, default=20, help='train batches per rank')
+    p.add_argument('--bs', type=int, default=8)
+    p.add_argument('--delay', type=float, default=0.01, help='seconds of extra work per train batch on rank 1')
+    p.add_argument('--cases', nargs='+', choices=CASES, default=list(CASES))
+    a = p.parse_args()
+    print(f'{a.world} gloo ranks, {a.batches} train batches of {a.bs} per rank; rank {SLOW} gets {a.delay*1e3:g} ms per batch in the step named')
+    for case in a.cases:
+        recs = run(case, a)
+        print(f'\n== {case}')
+        for r, rec in enumerate(recs):
+            if 'error' in rec: print(f'rank {r} failed:\n{rec["error"]}'); continue
+            print(f'rank {r}: ' + ', '.join(f'{s} {v:.2f}' for s, v in rec['means'].items()) + ' (ms, train means)')
+        for line in recs[0].get('advice', []): print(f'  advice: {line}')
+    return 0
+
+if __name__ == '__main__': sys.exit(main())
