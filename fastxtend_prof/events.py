@@ -82,23 +82,23 @@ def split_draw(dl, marker):
     drawn = marker(AFTER_TFMS)  # `next` returned: the transforms ended (the recorder takes it as the wait's end if none started)
     if not isinstance(dl, _load.DataLoader) or not isinstance(getattr(_load, '_loaders', None), tuple): yield drawn; return  # a torch loader
     if dl.device is None:  # no transfer: the transforms start as the loader hands the batch over
-        handed, loaders = marker(BEFORE_TFMS), _load._loaders
+        handed = marker(BEFORE_TFMS)
         def pick(make_iter):  # only `dl`'s own iterations are marked: another loader used meanwhile is left alone
             return lambda fake_l: _handing_over(make_iter, fake_l, handed) if fake_l is dl.fake_l else make_iter(fake_l)
-        _load._loaders = tuple(map(pick, loaders))
-        try: yield drawn
-        finally: _load._loaders = loaders
-        return
-    handed, moved, to_dev = marker(AFTER_LOAD), marker(BEFORE_TFMS), _load.to_device
-    @functools.wraps(to_dev)
-    def to_device(*args, **kwargs):  # the loader calls fastai's `to_device` on each batch it hands over; the transforms follow
-        handed()
-        b = to_dev(*args, **kwargs)
-        moved()
-        return b
-    _load.to_device = to_device
+        name, wrapped = '_loaders', tuple(map(pick, _load._loaders))
+    else:
+        handed, moved, to_dev = marker(AFTER_LOAD), marker(BEFORE_TFMS), _load.to_device
+        @functools.wraps(to_dev)
+        def to_device(*args, **kwargs):  # the loader calls fastai's `to_device` on each batch it hands over; the transforms follow
+            handed()
+            b = to_dev(*args, **kwargs)
+            moved()
+            return b
+        name, wrapped = 'to_device', to_device
+    own = getattr(_load, name)  # the one module-level name this loop wraps
+    setattr(_load, name, wrapped)
     try: yield drawn
-    finally: _load.to_device = to_dev
+    finally: setattr(_load, name, own)
 
 # %% ../nbs/01_events.ipynb #ad7a1696
 # Learner -> stack of watcher lists. Kept off each Learner, so pickles and copies don't carry it, and on the class, so that

@@ -243,15 +243,20 @@ class TimingRecorder:
         row[POST_AFTER_BATCH] = self.clock()
         if samples is not None: row[SAMPLES] = samples
 
+    def _store(self, name:str, args:tuple) -> tuple|None:
+        "How the mark `name` with `args` stores the clock: a function and its arguments before the time; None for a mark that does more"
+        if name == 'draw': return setattr, self, '_draw_t'
+        if name == 'draw_mark': return self._sub.__setitem__, args[0] - AFTER_LOAD
+        if name == 'mark': return self._row.__setitem__, args[0]
+        if name == 'end_batch' and not args: return self._row.__setitem__, POST_AFTER_BATCH
+        return None
+
     def marker(self, name:str, *args):
         "A callable taking no argument that makes the mark `name` with `args`; `draw`, `draw_mark`, `mark` and `end_batch` run no Python frame"
-        cls = type(self)
-        if name == 'mark' and cls.mark is TimingRecorder.mark: return map(self._row.__setitem__, repeat(args[0]), iter(self.clock, None)).__next__
-        if name == 'end_batch' and not args and cls.end_batch is TimingRecorder.end_batch:
-            return map(self._row.__setitem__, repeat(POST_AFTER_BATCH), iter(self.clock, None)).__next__
-        if name == 'draw' and cls.draw is TimingRecorder.draw: return map(partial(setattr, self, '_draw_t'), iter(self.clock, None)).__next__
-        if name == 'draw_mark' and cls.draw_mark is TimingRecorder.draw_mark: return map(self._sub.__setitem__, repeat(args[0] - AFTER_LOAD), iter(self.clock, None)).__next__
-        return partial(getattr(self, name), *args)
+        store = self._store(name, args) if getattr(type(self), name) is getattr(TimingRecorder, name) else None  # a subclass's own mark: its method
+        if store is None: return partial(getattr(self, name), *args)
+        f, *lead = store
+        return map(f, *map(repeat, lead), iter(self.clock, None)).__next__  # each call: `f(*lead, clock())`, all in C
 
     def _close_row(self, end):
         row, table = self._row, self._table
