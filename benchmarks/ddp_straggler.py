@@ -10,8 +10,9 @@ place at a time:
 - `backward`: a custom autograd function busy-waits in `backward`, inside DDP's backward, before the gradient all-reduce;
 - `opt_step`: a callback busy-waits in `before_step`.
 
-For each case it prints every rank's mean train step durations (ms) and the advice rank 0's report gives, so that
-what the straggler analysis finds can be read against where the delay really was.
+For each case it prints every rank's mean train step durations (ms, with `comm_wait`: the wait inside backward at the
+gradient all-reduce), the arrival lines and the advice rank 0's report gives, so that what the straggler analysis
+finds can be read against where the delay really was.
 
     python benchmarks/ddp_straggler.py                       # 2 ranks, every case
     python benchmarks/ddp_straggler.py --world 3 --cases forward backward
@@ -24,7 +25,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 CASES = ('none', 'draw', 'forward', 'backward', 'opt_step')
-STEPS = ('draw', 'forward', 'loss', 'backward', 'opt_step', 'zero_grad', 'other')
+STEPS = ('draw', 'forward', 'loss', 'backward', 'comm_wait', 'opt_step', 'zero_grad', 'other')
 SLOW = 1  # the rank given the delay
 
 def busy(s:float):
@@ -110,6 +111,9 @@ def worker(rank, world, port, out, case, a):
         train = res[res.Phase == 'train']
         rec['means'] = {s: float(train[train.Step == s]['Mean Duration'].iloc[0])*1e3 for s in STEPS if (train.Step == s).any()}
         rec['advice'] = [f'[{x.rule}] {x.verdict} -> {x.suggestion}' for x in learn.profile_advice] if rank == 0 else []
+        if rank == 0 and learn.profile_arrivals is not None:
+            from fastxtend_prof.arrivals import arrival_text
+            rec['arrivals'] = arrival_text(learn.profile_arrivals)
     except BaseException: rec['error'] = traceback.format_exc()
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
@@ -140,7 +144,8 @@ def main():
         for r, rec in enumerate(recs):
             if 'error' in rec: print(f'rank {r} failed:\n{rec["error"]}'); continue
             print(f'rank {r}: ' + ', '.join(f'{s} {v:.2f}' for s, v in rec['means'].items()) + ' (ms, train means)')
-        for line in recs[0].get('advice', []): print(f'  advice: {line}')
+        if recs[0].get('arrivals'): print(recs[0]['arrivals'])
+        for line in recs[0].get('advice', []): print(f'  advice: {line[:400]}')
     return 0
 
 if __name__ == '__main__': sys.exit(main())

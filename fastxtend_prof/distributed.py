@@ -149,6 +149,7 @@ class GatherResult:
     failed:dict=field(default_factory=dict) # Rank 0: `{rank: 'Error: message'}` for ranks whose fit raised
     missing:list=field(default_factory=list) # Rank 0: ranks that sent nothing within the timeout
     error:str='' # Why the exchange itself failed on this rank, if it did
+    extra:dict=field(default_factory=dict) # Rank 0: `{rank: extra}` of the ranks that sent one (`gather_profile(extra=...)`)
     timeout:float=GATHER_TIMEOUT # The timeout rank 0 waited with
 
     @property
@@ -197,12 +198,14 @@ def _collect(store, keys:dict, count:str, deadline:float, res:GatherResult, fram
         store.delete_key(k)
         if p.get('error'): res.failed[r] = p['error']
         else: frames[r] = p['results']
+        if p.get('extra') is not None: res.extra[r] = p['extra']
     store.delete_key(count)
 
 def gather_profile(
     results:pd.DataFrame|None, # This rank's results (`learn.simple_profile_results`); may be None if `failed`
     timeout:float|None=None, # Seconds rank 0 waits for the other ranks; default `GATHER_TIMEOUT`
     failed:bool|BaseException=False, # True, or the exception, when this rank's fit raised: it sends a marker and never waits
+    extra=None, # Anything picklable this rank sends along, such as its arrival times: `extra` on rank 0's result
 ) -> GatherResult|None:
     "Send every rank's `results` to rank 0 and merge them there, waiting at most `timeout` s; None when not distributed"
     if timeout is None: timeout = GATHER_TIMEOUT
@@ -214,11 +217,12 @@ def gather_profile(
     key, count = lambda r: f'{GATHER_KEY}/{n}/{r}', f'{GATHER_KEY}/{n}/count'
     res = GatherResult(rank == 0, rank, world, timeout=float(timeout))
     if rank != 0:
-        try: _send(_store(), key(rank), count, dict(results=None if failed else results, error=_reason(failed)))
+        try: _send(_store(), key(rank), count, dict(results=None if failed else results, error=_reason(failed), extra=extra))
         except Exception as e: res.error = repr(e)  # rank 0 will report this rank missing; this rank stays quiet
         return res
     frames = {} if results is None else {0: results}
     if failed: res.failed[0] = _reason(failed)
+    if extra is not None: res.extra[0] = extra
     keys = {r: key(r) for r in range(1, world)}
     try: _collect(_store(), keys, count, time.monotonic() + (0 if failed else timeout), res, frames)
     except Exception as e:

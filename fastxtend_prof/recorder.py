@@ -36,6 +36,7 @@ class Step(str, Enum):
     DRAW='draw'; BATCH='batch'; OTHER='other'; WARMUP='warmup'; TRACE='trace'
     WAIT='wait'; TRANSFER='transfer'; TRANSFORMS='transforms'
     FORWARD='forward'; PREDICT='predict'; LOSS='loss'; BACKWARD='backward'; OPT_STEP='opt_step'; ZERO_GRAD='zero_grad'
+    COMM_WAIT='comm_wait'  # inside backward, on a data-parallel rank: waiting for the other ranks at the gradient all-reduce
     def __str__(self): return self.value
 
 # %% ../nbs/00_recorder.ipynb #4460fb9e

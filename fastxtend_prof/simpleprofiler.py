@@ -34,7 +34,8 @@ from .compare import (encode_distributions, as_profile, profile_of, compare_prof
                                     baseline_advice, show_comparison)
 from .insight import learner_advice, show_advice
 from .trace import trace_config, TraceWindow, TraceObserver, TRACE_NAME
-from .distributed import gather_profile, format_merged, straggler_advice
+from .distributed import gather_profile, format_merged, straggler_advice, dist_info
+from .arrivals import ArrivalWatch, arrival_table, arrival_advice, arrival_text, with_comm_wait, drop_waiting
 from .memory import MemoryTap, MemoryProfile, MEMORY_EVERY, check_memory, make_memory, with_memory, memory_text
 from .loggers import LoggerHub, check_logger_callback, check_log_every, fix_fastai_wandb
 
@@ -73,11 +74,13 @@ class FitSession(Relay):
         pair:tuple=(), # The callbacks that hold this session, to leave idle and detach when the fit ends
         keep_open:bool=False, # Record every fit until closed (`learn.profiling()`), not only the first
         memory_note:str='', # Why memory is not tracked, when no `MemoryTap` is in the chain
+        arrivals:ArrivalWatch|None=None, # On a rank of a process group: when this rank arrives at the ranks' sync points
     ):
         chain, self.observers = rec, []
         for make in observers: chain = make(chain); self.observers.append(chain)
         super().__init__(chain)  # each mark is the front observer's (or the recorder's) own method: the session adds no call
         self.mode, self.note, self.hub, self.count, self.pair, self.memory_note = mode, note, hub, count, tuple(pair), memory_note
+        self.arrivals = arrivals
         self.keep_open, self.fits, self.in_fit = keep_open, 1, True  # in_fit: between a fit's start and its end
 
     def find(self, cls):
@@ -95,7 +98,7 @@ class FitSession(Relay):
 class _IdleSession:
     "The null session the callbacks hold between fits: nothing is recorded and every mark of `MARKS` does nothing"
     active = count = False
-    rec = hub = trace = trace_result = memory = None
+    rec = hub = trace = trace_result = memory = arrivals = None
     mode, note, pair, keep_open, fits, in_fit, memory_note = 'none', '', (), False, 0, False, ''
 for _m in MARKS: setattr(_IdleSession, _m, staticmethod(noop))
 _IdleSession.marker = staticmethod(lambda name, *args: noop)  # every mark, as a callable: does nothing
@@ -212,7 +215,8 @@ class SimpleProfilerCallback(_ProfilerPair):
                      *([partial(MemoryTap, memory=mem, every=self.memory_every, device=str(device))] if mem is not None else []),
                      *self.observers]  # the chain of marks, innermost first: a new observer is one more entry
         s = FitSession(rec=rec, observers=observers, mode=mode, note=note, count=post.samples_per_second, pair=(self, post),
-                       hub=LoggerHub.create(self.learn, self.logger_callback, self.log_every), keep_open=self._until_closed, memory_note=why)
+                       hub=LoggerHub.create(self.learn, self.logger_callback, self.log_every), keep_open=self._until_closed, memory_note=why,
+                       arrivals=ArrivalWatch(rec) if dist_info()[0] and dist_info()[2] > 1 else None)
         s.start(Step.FIT)
         return s
 
@@ -232,7 +236,10 @@ class SimpleProfilerCallback(_ProfilerPair):
         return self._files
 
     def before_epoch(self): self._session.start(Step.EPOCH)
-    def before_train(self): self._session.begin_phase(Phase.TRAIN)
+    def before_train(self):
+        s = self._session
+        if s.arrivals is not None: s.arrivals.start(self.learn.model)  # every rank, at its first train loop: offsets and the all-reduce hook
+        s.begin_phase(Phase.TRAIN)
     def before_validate(self): self._session.begin_phase(Phase.VALID)
     def draw_marker(self):
         "Where the loop sends the marks inside each draw (wait, transfer, transforms; see `events.split_draw`): the recorder, while recording"
@@ -312,6 +319,7 @@ class ProfileResult:
     comparison:pd.DataFrame|None=None # With `learn.profile(baseline=...)`: `compare_profiles(baseline, this fit)` (`learn.profile_comparison`)
     memory:MemoryProfile|None=None # The fit's memory per step (`learn.profile_memory`): None on a cpu, with `memory=False`, or from before memory was tracked
     memory_note:str='' # Why memory is not tracked, when `memory` is None
+    arrivals:pd.DataFrame|None=None # Rank 0 of a data-parallel fit: which rank the others wait for, and where (`arrival_table`; `learn.profile_arrivals`)
 
     def to_save(self) -> pd.DataFrame:
         "The results the files hold: merged over the ranks where there are several, else this rank's"
@@ -337,7 +345,7 @@ def fastxtend_layout(results:pd.DataFrame) -> pd.DataFrame:
 _VIEWS = dict(simple_profile_results='results', simple_profile_report='report', simple_profile_recorder='recorder',
               simple_profile_sync='sync', profile_advice='advice', profile_trace='trace',
               simple_profile_rank_results='rank_results', simple_profile_merged_results='merged_results',
-              profile_comparison='comparison', profile_memory='memory', profile_results=('results', fastxtend_layout), profile_report='report')  # the last two: fastxtend 0.1.7's names
+              profile_comparison='comparison', profile_memory='memory', profile_arrivals='arrivals', profile_results=('results', fastxtend_layout), profile_report='report')  # the last two: fastxtend 0.1.7's names
 
 def _view(name, attr, fn=None):
     def get(self):
@@ -375,10 +383,11 @@ def _title(session, exc=None, gathered=None) -> str:
     if gathered is not None and gathered.merged is not None: notes.append(gathered.note)
     return 'Simple Profiler report' + (f' ({"; ".join(notes)})' if notes else '')
 
-def _advice(learn, results, rec, sync, trace, memory, rank_results) -> list:
-    "The advice on a fit's results, plus straggling ranks on rank 0 of a distributed fit; a failure here costs the advice, never the results"
+def _advice(learn, results, rec, sync, trace, memory, rank_results, arrivals=None) -> list:
+    "The advice on a fit's results, plus straggling ranks on rank 0 of a distributed fit (by their arrivals where timed); a failure here costs the advice, never the results"
     try:
         advice = learner_advice(learn, results, rec, sync=sync, trace=trace, memory=memory, show=False)
+        if arrivals is not None: return drop_waiting(advice, arrivals, results) + arrival_advice(arrivals)  # rank 0's own waiting is not its fault
         return advice if rank_results is None else advice + straggler_advice(rank_results)
     except Exception as e:
         warnings.warn(f'Simple Profiler: the advice could not be worked out and is left out: {e!r}')
@@ -388,17 +397,34 @@ def fit_result(learn, session:FitSession, exc:BaseException|None=None, export_ra
     "Everything the fit recorded by `session` produced (`exc`: what it raised), gathered over the ranks of a distributed fit; shows nothing"
     if exc is not None: session.abort()  # close what the exception left open, and stop a trace window
     rec = session.rec
+    mine = _arrivals(session)
     memory = None if session.memory is None else session.memory.result(rec.warmup)
-    results = with_memory(recorder_results(rec, session.count), memory)
+    results = with_comm_wait(with_memory(recorder_results(rec, session.count), memory), mine)
     rec.detach()  # clock, device timer, events: only the record stays, and it pickles with the Learner
-    g = gather_profile(results, failed=exc if exc is not None else False)  # every rank, once; None when not distributed
+    g = gather_profile(results, failed=exc if exc is not None else False, extra=mine)  # every rank, once; None when not distributed
     own = dict(results=results, recorder=rec, sync=session.mode, trace=session.trace_result, memory=memory, memory_note=session.memory_note,
                export_raw=export_raw)
     if g is not None and not g.is_main: return ProfileResult(**own, report=format_report(results), is_main=False)  # shows, saves, logs nothing
     merged = g is not None and g.merged is not None
     ranks = dict(rank_results=g.ranks, merged_results=g.merged, report=format_merged(g.merged)) if merged else dict(report=format_report(results))
-    advice = _advice(learn, results, rec, session.mode, session.trace_result, memory, ranks.get('rank_results'))
-    return ProfileResult(**own, **ranks, title=_title(session, exc, g), advice=advice)
+    arrivals = _arrival_table(g) if merged else None
+    advice = _advice(learn, results, rec, session.mode, session.trace_result, memory, ranks.get('rank_results'), arrivals)
+    return ProfileResult(**own, **ranks, title=_title(session, exc, g), advice=advice, arrivals=arrivals)
+
+def _arrivals(session) -> dict|None:
+    "This rank's arrival times (`ArrivalWatch.record`), with the hook taken off the model; None when not measured or on failure"
+    if session.arrivals is None: return None
+    try: return session.arrivals.record()
+    except Exception as e:
+        warnings.warn(f'Simple Profiler: the arrival times could not be packed and are left out: {e!r}')
+        return None
+
+def _arrival_table(g):
+    "Rank 0's `arrival_table` of what the ranks sent, None without; a failure is a warning, never a lost report"
+    try: return arrival_table(g.extra) if g.extra else None
+    except Exception as e:
+        warnings.warn(f'Simple Profiler: the ranks\' arrival times could not be analysed and are left out: {e!r}')
+        return None
 
 @contextmanager
 def _keep_warning_memory():
@@ -467,6 +493,7 @@ def _present(self:SimpleProfilerCallback, learn, r:ProfileResult, hub=None, mine
     try:
         if self.show_report: show_report(r.report, self.plain, self.markdown, title=r.title)
         if self.show_report: print(memory_text(r.memory, r.memory_note))
+        if self.show_report and r.arrivals is not None: print(arrival_text(r.arrivals))
         saved = self._save_files(learn, r, mine)
         if r.trace and r.trace.get('trace_path'): saved.append(('trace', r.trace['trace_path']))
         if self.show_report and saved: print('Saved: ' + '; '.join(f'{what} to {p}' for what, p in saved))

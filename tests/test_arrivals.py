@@ -1,0 +1,127 @@
+"""Finding the straggler that DDP hides, by when each rank arrives: gloo ranks on the CPU, each a fastai `Learner` whose
+model is wrapped in `DistributedDataParallel`, rank 1 given 10 ms of extra work per train batch in one step at a time
+(the Learners of `benchmarks/ddp_straggler.py`). Each world size runs once per module: every case is one fit of the
+same process group.
+
+Every rank's host clock is shifted by a fake offset (through `make_recorder`, the seam that gives the recorder the clock
+every mark reads), so the analysis only works if the offsets are measured and taken off; the test checks they are
+recovered."""
+import argparse, multiprocessing, os, pickle, socket, sys, time, traceback
+from datetime import timedelta
+from pathlib import Path
+import pytest, torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from conftest import row
+
+sys.path.insert(0, str(Path(__file__).parents[1]/'benchmarks'))
+import ddp_straggler as bench  # noqa: E402  (its Learners: the delays in draw, forward, backward compute, opt_step)
+
+SLOW = bench.SLOW
+DELAY = 0.01  # s of extra work per train batch on rank 1
+CASES = ('none', 'draw', 'forward', 'backward', 'opt_step')
+OFFSETS = (0., 0.25, -1.5)  # s: each rank's fake clock offset
+RUN_LIMIT = 240  # s: a launch that takes longer has hung
+PRELOAD = ['fastxtend_prof.all', 'torch._dynamo', 'fastai.learner', __name__]
+
+def _fit(learn):
+    "One profiled epoch; what rank 0 (or this rank) saw"
+    learn.profile(show_report=False)
+    learn.fit(1)
+    adv = [(a.rule, a.evidence.get('rank'), a.evidence.get('step')) for a in learn.profile_advice]
+    return dict(advice=adv, table=learn.profile_arrivals, results=learn.simple_profile_results,
+                merged=getattr(learn, 'simple_profile_merged_results', None))
+
+def _weights(learn):
+    return {k: v.detach().clone() for k, v in learn.model.module.state_dict().items()}
+
+def _worker(rank, world, port, out, cases):
+    os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    rec = {}
+    try:
+        import functools
+        from fastxtend_prof import simpleprofiler
+        from fastxtend_prof.recorder import make_recorder
+        from fastai.torch_core import set_seed
+        off = OFFSETS[rank]
+        simpleprofiler.make_recorder = functools.partial(make_recorder, clock=lambda: time.perf_counter() + off)
+        dist.init_process_group('gloo', rank=rank, world_size=world, timeout=timedelta(seconds=60))
+        a = argparse.Namespace(batches=20, bs=8, delay=DELAY)
+        for case in cases:
+            rec[case] = _fit(bench.learner(rank, case, a))
+        if True:  # the same seed, profiled or not: the same weights, bit for bit
+            ws = []
+            for profiled in (False, True):
+                set_seed(0)
+                learn = bench.learner(rank, 'none', a)
+                if profiled: learn.profile(show_report=False)
+                learn.fit(2)
+                ws.append(_weights(learn))
+            rec['identical'] = all(torch.equal(ws[0][k], ws[1][k]) for k in ws[0])
+    except BaseException: rec['error'] = traceback.format_exc()
+    finally:
+        if dist.is_initialized(): dist.destroy_process_group()
+        Path(out, f'rank{rank}.pkl').write_bytes(pickle.dumps(rec))
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+def _launch(path, world):
+    multiprocessing.set_forkserver_preload(PRELOAD)
+    t0 = time.monotonic()
+    ctx = mp.start_processes(_worker, args=(world, _free_port(), str(path), CASES), nprocs=world, join=False, start_method='forkserver')
+    try:
+        while not ctx.join(timeout=1):
+            if time.monotonic() - t0 > RUN_LIMIT: pytest.fail(f'{world} ranks still running after {RUN_LIMIT} s: a rank hangs')
+    finally:
+        for p in ctx.processes:
+            if p.is_alive(): p.kill()
+    recs = {r: pickle.loads(Path(path, f'rank{r}.pkl').read_bytes()) for r in range(world)}
+    for r, rec in recs.items(): assert 'error' not in rec, f'rank {r} failed:\n{rec["error"]}'
+    return recs
+
+@pytest.fixture(scope='module', params=[2, 3], ids=['2 ranks', '3 ranks'])
+def runs(request, tmp_path_factory):
+    return request.param, _launch(tmp_path_factory.mktemp(f'arrivals{request.param}'), request.param)
+
+@pytest.mark.parametrize('case', CASES[1:])
+def test_the_slow_rank_and_step_are_named(runs, case):
+    "10 ms in rank 1's draw, forward, backward compute or optimizer step: rank 0's advice names rank 1 and that step, no other rank"
+    world, recs = runs
+    got = [(r, s) for rule, r, s in recs[0][case]['advice'] if rule == 'straggler_rank']
+    assert got == [(SLOW, case)], f'{case}: {got}\n{recs[0][case]["table"]}'
+    t = recs[0][case]['table']
+    assert t.set_index('Rank').Late.idxmax() == SLOW and t.Late.max() > 0.5*DELAY
+
+def test_a_balanced_run_names_nobody(runs):
+    world, recs = runs
+    assert [a for a in recs[0]['none']['advice'] if a[0] == 'straggler_rank'] == [], recs[0]['none']['table']
+
+def test_the_clock_offsets_are_recovered(runs):
+    "Each rank's fake offset, as rank 0 received it, within the accuracy the measurement states (and a 1 ms floor)"
+    world, recs = runs
+    for case in CASES:
+        t = recs[0][case]['table']
+        acc = t.attrs['accuracy']
+        for r in range(world):
+            err = abs(t.attrs['offsets'][r] - (OFFSETS[r] - OFFSETS[0]))
+            assert err <= max(acc, 1e-3), f'{case}: rank {r} offset off by {err*1e6:.0f} µs (accuracy {acc*1e6:.0f} µs)'
+
+def test_comm_wait_splits_backward(runs):
+    "Every rank has a `comm_wait` row under backward; rank 1's backward compute shows apart from the others' waiting"
+    world, recs = runs
+    for r in range(world):
+        res = recs[r]['backward']['results']
+        w, b = row(res, 'train', 'comm_wait'), row(res, 'train', 'backward')
+        assert w.Action == 'backward' and 0 < w['Mean Duration'] <= b['Mean Duration']
+        if r == SLOW: assert b['Mean Duration'] - w['Mean Duration'] > 0.8*DELAY  # its own compute
+        else: assert w['Mean Duration'] > 0.5*DELAY  # waiting for rank 1
+    merged = recs[0]['backward']['merged']
+    assert len(merged[(merged.Phase == 'train') & (merged.Step == 'comm_wait')]) == 1
+
+def test_profiling_keeps_the_weights_bit_identical(runs):
+    world, recs = runs
+    assert all(recs[r]['identical'] for r in range(world))
