@@ -2,7 +2,8 @@
 
 Runs `--world` gloo ranks on the CPU (one process group), each a balanced fastai `Learner` (the model of
 `ddp_straggler.py`, wrapped in `DistributedDataParallel`), and alternates profiled fits with the arrivals timed
-and with them switched off (`ArrivalWatch.start` made a no-op), `--repeats` of each. It prints, per setting, the
+and with them switched off (`learn.profile(arrivals=False)`: no hook on the model, DDP's built-in all-reduce),
+`--repeats` of each. It prints, per setting, the
 median over the repeats of rank 0's mean train iteration, the ratio of the two, and what the fit's end (packing,
 sending and analysing the arrivals) took on rank 0.
 
@@ -23,15 +24,12 @@ def worker(rank, world, port, out, a):
     rec = {'on': [], 'off': [], 'end_on': [], 'end_off': []}
     try:
         import fastxtend_prof.all  # noqa: F401  (Learner.profile)
-        from fastxtend_prof.arrivals import ArrivalWatch
         from fastxtend_prof.simpleprofiler import SimpleProfilerCallback
-        start = ArrivalWatch.start
         dist.init_process_group('gloo', rank=rank, world_size=world, timeout=timedelta(seconds=120))
         for i in range(2*a.repeats):
             mode = ('on', 'off')[i % 2]
-            ArrivalWatch.start = start if mode == 'on' else (lambda self, model: None)
             learn = bench.learner(rank, 'none', a)
-            learn.profile(show_report=False)
+            learn.profile(show_report=False, arrivals=mode == 'on')
             t = {}
             report = SimpleProfilerCallback._report
             def timed(self, learn, exc=None):

@@ -1,8 +1,9 @@
 """What the profiler says when one rank of a data-parallel fit is slow in one step.
 
 Runs `--world` gloo ranks on the CPU, each a fastai `Learner` whose model is wrapped in `DistributedDataParallel`,
-`--batches` train batches of `--bs` per rank, and gives rank 1 `--delay` seconds of extra work per train batch in one
-place at a time:
+`--batches` train batches of `--bs` per rank, every rank's forward sleeping `--work` seconds per batch (a model
+waiting on its device; without it the tiny model's step is mostly the loop's own overhead), and gives rank 1
+`--delay` seconds of extra work per train batch in one place at a time:
 
 - `none`: no delay (a balanced run);
 - `draw`: the rank's dataset busy-waits while its batch is collated;
@@ -11,8 +12,8 @@ place at a time:
 - `opt_step`: a callback busy-waits in `before_step`.
 
 For each case it prints every rank's mean train step durations (ms, with `comm_wait`: the wait inside backward at the
-gradient all-reduce), the arrival lines and the advice rank 0's report gives, so that what the straggler analysis
-finds can be read against where the delay really was.
+gradient all-reduce), the arrival lines and the advice rank 0's report gives, and what the rule on step durations
+alone would say, so that what the straggler analysis finds can be read against where the delay really was.
 
     python benchmarks/ddp_straggler.py                       # 2 ranks, every case
     python benchmarks/ddp_straggler.py --world 3 --cases forward backward
@@ -43,9 +44,11 @@ class Items(torch.utils.data.Dataset):
     def __getitem__(self, i): return self.x[i], self.y[i]
 
 class SlowForward(torch.nn.Module):
-    def __init__(self, delay): super().__init__(); self.delay = delay
+    "Busy-waits `delay` s, then sleeps `work` s (a model waiting on its device: time without taking a core from the other ranks)"
+    def __init__(self, delay, work=0.): super().__init__(); self.delay, self.work = delay, work
     def forward(self, x):
         busy(self.delay)
+        if self.work: time.sleep(self.work)
         return x
 
 class SlowGrad(torch.autograd.Function):
@@ -61,10 +64,10 @@ class SlowGrad(torch.autograd.Function):
 
 class Model(torch.nn.Module):
     "fastai's `RegModel` (y = a*x + b) with the forward or backward delays in front of it"
-    def __init__(self, fwd=0., bwd=0.):
+    def __init__(self, fwd=0., bwd=0., work=0.):
         super().__init__()
         self.a, self.b = torch.nn.Parameter(torch.randn(1)), torch.nn.Parameter(torch.randn(1))
-        self.slow, self.bwd = SlowForward(fwd), bwd
+        self.slow, self.bwd = SlowForward(fwd, work), bwd
     def forward(self, x):
         y = self.slow(x)*self.a + self.b
         return SlowGrad.apply(y, self.bwd) if self.bwd else y
@@ -85,7 +88,7 @@ def learner(rank, case, a):
     dls = DataLoaders(DataLoader(trn, bs=a.bs, shuffle=True, num_workers=0, create_batch=collate),
                       DataLoader(val, bs=a.bs, num_workers=0), device='cpu')
     torch.manual_seed(0)
-    model = Model(fwd=delay if case == 'forward' else 0., bwd=delay if case == 'backward' else 0.)
+    model = Model(fwd=delay if case == 'forward' else 0., bwd=delay if case == 'backward' else 0., work=getattr(a, 'work', 0.))
     learn = Learner(dls, model, loss_func=MSELossFlat(), lr=1e-2)
     learn.remove_cbs([cb for cb in learn.cbs if isinstance(cb, ProgressCallback)])
     learn.logger = noop
@@ -114,6 +117,9 @@ def worker(rank, world, port, out, case, a):
         if rank == 0 and learn.profile_arrivals is not None:
             from fastxtend_prof.arrivals import arrival_text
             rec['arrivals'] = arrival_text(learn.profile_arrivals)
+        if rank == 0:  # what the rule on step durations alone (the fallback without arrival times) would say
+            from fastxtend_prof.distributed import straggler_advice
+            rec['by_durations'] = [f"rank {x.evidence['rank']}, `{x.evidence['step']}`" for x in straggler_advice(learn.simple_profile_rank_results)]
     except BaseException: rec['error'] = traceback.format_exc()
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
@@ -135,6 +141,7 @@ def main():
     p.add_argument('--batches', type=int, default=20, help='train batches per rank')
     p.add_argument('--bs', type=int, default=8)
     p.add_argument('--delay', type=float, default=0.01, help='seconds of extra work per train batch on rank 1')
+    p.add_argument('--work', type=float, default=0.005, help='seconds every rank\'s forward sleeps per batch (a model waiting on its device)')
     p.add_argument('--cases', nargs='+', choices=CASES, default=list(CASES))
     a = p.parse_args()
     print(f'{a.world} gloo ranks, {a.batches} train batches of {a.bs} per rank; rank {SLOW} gets {a.delay*1e3:g} ms per batch in the step named')
@@ -145,6 +152,7 @@ def main():
             if 'error' in rec: print(f'rank {r} failed:\n{rec["error"]}'); continue
             print(f'rank {r}: ' + ', '.join(f'{s} {v:.2f}' for s, v in rec['means'].items()) + ' (ms, train means)')
         if recs[0].get('arrivals'): print(recs[0]['arrivals'])
+        print(f"  step durations alone: {'; '.join(recs[0].get('by_durations', [])) or 'no straggler'}")
         for line in recs[0].get('advice', []): print(f'  advice: {line[:400]}')
     return 0
 

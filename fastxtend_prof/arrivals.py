@@ -55,29 +55,22 @@ def mean_allreduce(group, bucket):
     return dist.all_reduce(t, group=g, async_op=True).get_future().then(lambda f: f.value()[0])
 
 class ArrivalLog:
-    "Per train batch of `rec`'s fit, when its last gradient bucket was handed to the all-reduce and when the reductions ended, on `clock`"
-    def __init__(self, rec, clock=time.perf_counter):
-        self.rec, self.clock, self.table = rec, clock, rec.tables[Phase.TRAIN]
-        self.hand, self.done = {}, {}  # train batch (global row index) -> latest time
+    "Per train batch of `rec`'s fit, when its last gradient bucket was handed to the all-reduce (`stamp`: a time, or a device event to read later)"
+    def __init__(self, rec, stamp=None):
+        self.rec, self.table, self.stamp = rec, rec.tables[Phase.TRAIN], stamp or rec.clock
+        self.hand = {}  # train batch (global row index) -> the last bucket's stamp
 
-    def note(self, t:float, fut):
-        "A bucket handed over at `t` whose reduction is `fut`: note both against the train batch in progress; the future to give DDP"
-        if self.rec.phase is not Phase.TRAIN: return fut
-        i, hand, done, clock = self.table.n, self.hand, self.done, self.clock
-        if not t <= hand.get(i, -math.inf): hand[i] = t
-        def ended(f):
-            done[i] = clock()  # buckets end in order: the last call is the batch's last reduction
-            return f.value()
-        return fut.then(ended)
+    def note(self, t):
+        "A bucket handed over at `t`: DDP hands them over in order, so the batch keeps the last one's"
+        if self.rec.phase is Phase.TRAIN: self.hand[self.table.n] = t
 
 class ArrivalHook:
-    "DDP's default all-reduce as a communication hook; while `log` (an `ArrivalLog`) is set, it notes when each bucket is handed over and reduced"
+    "DDP's all-reduce (`mean_allreduce`) as a communication hook; while `log` (an `ArrivalLog`) is set, it notes when each bucket is handed over"
     def __init__(self): self.log, self.__name__, self.__qualname__ = None, 'ArrivalHook', 'ArrivalHook'  # DDP names a hook by these
     def __call__(self, state, bucket):
         log = self.log
-        if log is None: return mean_allreduce(state, bucket)
-        t = log.clock()
-        return log.note(t, mean_allreduce(state, bucket))
+        if log is not None: log.note(log.stamp())
+        return mean_allreduce(state, bucket)
 
 def hook_arrivals(model) -> tuple:
     "The `ArrivalHook` on the DDP `model` (registered now if it has none): `(hook, '')`, or `(None, why not)`"
@@ -99,17 +92,21 @@ POINTS = ((BEFORE_DRAW, Step.OTHER), (BEFORE_BATCH, Step.DRAW), (AFTER_PRED, Ste
           (PRE_AFTER_BATCH, Step.ZERO_GRAD), (POST_AFTER_BATCH, Step.BATCH))  # (slot, the step that ends there), in order
 MAX_BATCHES = 20_000  # train batches a rank sends at most: the last ones
 
-def rank_arrivals(rec, log:ArrivalLog|None, offset:float=0., accuracy:float=math.nan, note:str='') -> dict:
-    "What this rank sends rank 0: its train batches' `POINTS` on rank 0's clock (its `offset` taken off), their runs and warmup, and the comm waits"
-    tb = rec.tables[Phase.TRAIN]
-    m = tb.matrix(MAX_BATCHES)
-    idx = np.arange(tb.n - len(m), tb.n)
-    run, pos = tb.positions(idx) if len(idx) else (idx, idx)
-    get = lambda d: np.array([d.get(int(i), math.nan) for i in idx], dtype=np.float64)
-    hand, done = (get(log.hand), get(log.done)) if log is not None else (np.full(len(idx), math.nan),)*2
-    pts = np.column_stack([hand if s == ARRIVE else m[:, s] for s, _ in POINTS] + [m[:, NEXT_DRAW]]) - offset
-    return dict(index=idx, run=run, warm=pos < rec.warmup, points=pts, waits=done - hand, offset=float(offset),
-                accuracy=float(accuracy), hooked=log is not None, note=note)
+def rank_arrivals(table, # The recorder's train `BatchTable` (on a GPU, its device table)
+                  warmup:int, # Leading batches of each loop that are warmup
+                  hand:dict|None, # `{row: time}` of the last bucket's hand-over, on the table's time base; None without the hook
+                  shift:float=0., # Taken off every time: the table's time base minus rank 0's clock
+                  offset:float=0., accuracy:float=math.nan, note:str='', # The measured clock offset, its accuracy and a note, for the report
+                 ) -> dict:
+    "What this rank sends rank 0: its train batches' `POINTS` on rank 0's clock, their runs and warmup, and the comm waits"
+    m = table.matrix(MAX_BATCHES)
+    idx = np.arange(table.n - len(m), table.n)
+    run, pos = table.positions(idx) if len(idx) else (idx, idx)
+    get = lambda d: np.array([d.get(int(i), math.nan) for i in idx], dtype=np.float64) if d is not None else np.full(len(idx), math.nan)
+    hand = get(hand)
+    pts = np.column_stack([hand if s == ARRIVE else m[:, s] for s, _ in POINTS] + [m[:, NEXT_DRAW]]) - shift
+    return dict(index=idx, run=run, warm=pos < warmup, points=pts, waits=m[:, BEFORE_STEP] - hand, offset=float(offset),
+                accuracy=float(accuracy), hooked=not np.isnan(hand).all(), note=note)
 
 # %% ../nbs/16_arrivals.ipynb #1c726d9c
 def with_comm_wait(results:pd.DataFrame, arr:dict|None) -> pd.DataFrame:
@@ -133,23 +130,25 @@ def with_comm_wait(results:pd.DataFrame, arr:dict|None) -> pd.DataFrame:
 ARRIVAL_TOL = 1e-4  # s: spreads below this are noise (clock offsets, waking up from a collective)
 
 def _collapses(X:np.ndarray, labels:list, tol:float):
-    "Yield `(arrival point, last rank, wait per rank, step waited in, excess per step)` at each collapse of the ranks' spread in `X` (ranks x points)"
+    "Yield `(arrival point, last rank, its new lateness, wait per rank, step waited in, excess per step, spread after)` at each sync in `X` (ranks x points)"
     S = X.max(0) - X.min(0)
     D = np.diff(X, axis=1)  # D[:, j-1]: the step ending at point j
     R, start = len(X), 0
     for k in range(1, X.shape[1]):
-        if S[k-1] > tol and S[k] <= max(tol, S[k-1]/4):
+        known = labels[k] is Step.COMM_WAIT  # the all-reduce's end: a sync whatever the spreads say
+        if S[k-1] > tol and (known or S[k] <= max(tol, S[k-1]/2)):
             a = k - 1
             last = int(np.argmax(X[:, a]))
             others = np.arange(R) != last
             wait = X[last, a] - X[:, a]  # what each rank waited for the last (0 for it)
             seg = D[:, start:a]
-            exc = seg[last] - np.median(seg[others], axis=0)
+            exc = seg[last] - np.median(seg[others], axis=0)  # its steps since the ranks were last together, against the others'
             by = {}
             for j, e in zip(range(start + 1, a + 1), exc): by[labels[j]] = by.get(labels[j], 0.) + float(e)
-            yield a, last, wait, labels[k], by
+            lead = lambda p: X[last, p] - np.median(X[others, p])
+            yield a, last, max(float(lead(a) - lead(start)), 0.), wait, labels[k], by, float(S[k])
             start = k
-        elif S[k] <= tol: start = k  # the ranks are together here: a lateness after it starts here
+        elif known or S[k] <= tol: start = k  # the ranks are together here: a lateness after it starts here
 
 def arrival_table(ranks:dict, tol:float=ARRIVAL_TOL) -> pd.DataFrame|None:
     "Rank 0's analysis of `ranks` (`{rank: rank_arrivals(...)}`): one row per rank, `attrs` holding the details; None with fewer than 2 ranks"
@@ -165,7 +164,7 @@ def arrival_table(ranks:dict, tol:float=ARRIVAL_TOL) -> pd.DataFrame|None:
     tol = max(tol, 3*acc) if not math.isnan(acc) else tol
     labels_row = [s for _, s in POINTS]
     R, n = len(order), len(idx)
-    late, waited = np.zeros((R, n)), np.zeros((R, n))
+    late, waited, exits = np.zeros((R, n)), np.zeros((R, n)), []
     excess = {r: {} for r in range(R)}
     wait_in = {r: {} for r in range(R)}
     for ru in np.unique(run):
@@ -175,11 +174,11 @@ def arrival_table(ranks:dict, tol:float=ARRIVAL_TOL) -> pd.DataFrame|None:
         labels = labels_row*len(rows) + [Step.OTHER]
         ok = ~np.isnan(X).any(0)  # points every rank marked (a cancelled step has none; no hook, no hand-over)
         X, batch, labels = X[:, ok], batch[ok], [l for l, o in zip(labels, ok) if o]
-        for a, last, wait, where, by in _collapses(X, labels, tol):
+        for a, last, lateness, wait, where, by, after in _collapses(X, labels, tol):
             b = batch[a]
             if warm[b]: continue
-            lateness = float(np.median(np.delete(wait, last)))
-            late[last, b] += lateness
+            exits.append(after)
+            late[last, b] += lateness  # what it added since the ranks were last together: a lag it brought out of a sync is not its own
             waited[:, b] += wait
             for s, e in by.items(): excess[last][s] = excess[last].get(s, 0.) + e
             for r in range(R):
@@ -200,7 +199,7 @@ def arrival_table(ranks:dict, tol:float=ARRIVAL_TOL) -> pd.DataFrame|None:
                      'Waited In': str(w), 'Hooked': bool(ranks[r]['hooked'])})
     out = pd.DataFrame(rows)
     out.attrs.update(batches=n, steady=int(steady.sum()), iteration_s=iteration, accuracy=acc, tol=tol, late=late[:, steady],
-                     offsets={r: ranks[r]['offset'] for r in order},
+                     offsets={r: ranks[r]['offset'] for r in order}, exit_spread=float(np.mean(exits)) if exits else 0.,
                      excess={r: {str(k): v/ns for k, v in excess[i].items()} for i, r in enumerate(order)},
                      waited_in={r: {str(k): v/ns for k, v in wait_in[i].items()} for i, r in enumerate(order)},
                      notes=sorted({ranks[r]['note'] for r in order if ranks[r]['note']}))
@@ -223,8 +222,8 @@ def fake_arrivals(world:int=2, batches:int=4, step:float=1e-3, extra:dict|None=N
     return {r: dict(index=idx, run=np.zeros(batches, np.int64), warm=idx < warmup, points=pts[r] - off[r], waits=done[r] - hand[r],
                     offset=0., accuracy=0., hooked=True, note='') for r in range(world)}
 
-# %% ../nbs/16_arrivals.ipynb #a4d209b4
-ARRIVAL_SHARE = 0.2  # of the median train iteration: the others waiting this long per batch for a rank make it a straggler
+# %% ../nbs/16_arrivals.ipynb #9b55e6b6
+ARRIVAL_SHARE = 0.25  # of the rest of the median train iteration: the others waiting this long per batch for a rank make it a straggler
 ARRIVAL_MIN_LATE = 5e-4  # s: ... and at least this long
 ARRIVAL_APART = 1.5  # ... and this many times as long as the median of the other ranks is waited for
 ARRIVAL_CRITICAL = 0.5  # ... critical from this share of the iteration
@@ -249,10 +248,11 @@ def arrival_advice(table:pd.DataFrame|None) -> list:
     "`Advice` naming each rank the others wait for (`arrival_table`), with the step its excess is in and where the others wait"
     if table is None or not len(table): return []
     it = table.attrs.get('iteration_s', math.nan)
-    floor = max(ARRIVAL_MIN_LATE, ARRIVAL_SHARE*it) if it == it else ARRIVAL_MIN_LATE
     out = []
     for row in table.to_dict('records'):
-        if not (row['Late'] >= floor and row['Late'] >= ARRIVAL_APART*table.Late[table.Rank != row['Rank']].median()): continue
+        rest = it - row['Late']  # the iteration the others would have without waiting for it
+        if not (row['Late'] >= max(ARRIVAL_MIN_LATE, ARRIVAL_SHARE*rest if rest == rest else 0.)
+                and row['Late'] >= ARRIVAL_APART*table.Late[table.Rank != row['Rank']].median()): continue
         r, s, late = int(row['Rank']), row['Late Step'], row['Late']
         others = table[table.Rank != r]
         where = others['Waited In'].mode()
@@ -293,7 +293,7 @@ def arrival_text(table:pd.DataFrame|None) -> str:
     lines = [head]
     for row in table.to_dict('records'):
         late = (f"others wait {format_duration(row['Late'])}/batch for it ({row['Last Share']:.0%} of late batches), its excess in "
-                f"`{row['Late Step']}`" if row['Late'] > 0 and row['Late Step'] else 'never the one waited for')
+                f"`{row['Late Step']}`" if row['Last Share'] > 0 and row['Late'] > a.get('tol', 0.) else 'never the one waited for')
         waited = f"it waits {format_duration(row['Waited'])}/batch" + (f" in `{row['Waited In']}`" if row['Waited In'] else '')
         lines.append(f"  rank {row['Rank']}: {late}; {waited}")
     lines += [f'  note: {n}' for n in a.get('notes', [])]
@@ -322,7 +322,8 @@ class ArrivalWatch:
     "One profiled fit's arrival times on this rank: started at each train loop (`start`), stopped and packed after the fit (`record`)"
     def __init__(self, rec, clock=None):
         self.rec, self.clock = rec, clock or rec.clock
-        self.log, self.hooks, self.model = None, [], None
+        self.timer = getattr(rec, 'timer', None)  # an `EventRecorder`'s device timer: the hand-overs are device events
+        self.log, self.hooks, self.model, self.anchor = None, [], None, None
         self.offset, self.accuracy, self.note, self.started, self.measured = 0., math.nan, '', False, False
 
     def start(self, model):
@@ -334,6 +335,9 @@ class ArrivalWatch:
                     self.note = f'not every rank profiles this fit (none waited for within {HANDSHAKE_TIMEOUT:g} s): no arrival times'
                     return
                 offs, self.accuracy = clock_offsets(self.clock)
+                if self.timer is not None:  # where the device's clock is on the host's: an event recorded on an idle device runs at once
+                    self.timer.synchronize()
+                    self.anchor = (self.timer.record(), self.clock())
                 self.offset, self.measured = float(offs[dist.get_rank()]), True
             except Exception as e: self.note = f'arrival times not measured: {type(e).__name__}: {e}'
         if self.measured and model is not self.model: self._hook(model)
@@ -344,7 +348,7 @@ class ArrivalWatch:
         if hook is None:
             self.note = f'rank {dist.get_rank()}: {why}; the bucket hand-overs are not timed, so a slow backward compute shows as waiting'
             return
-        if self.log is None: self.log = ArrivalLog(self.rec, self.clock)
+        if self.log is None: self.log = ArrivalLog(self.rec, None if self.timer is None else self.timer.record)
         hook.log = self.log
         self.hooks.append(hook)
 
@@ -353,7 +357,14 @@ class ArrivalWatch:
         for h in self.hooks: h.log = None
 
     def record(self) -> dict|None:
-        "This rank's `rank_arrivals`, or None if nothing was measured"
+        "This rank's `rank_arrivals` on rank 0's clock (device times moved onto the host's through the anchor), or None if nothing was measured"
         self.stop()
         if not self.measured: return None
-        return rank_arrivals(self.rec, self.log, self.offset, self.accuracy, self.note)
+        hand, t = None if self.log is None else self.log.hand, self.timer
+        if t is None: return rank_arrivals(self.rec.tables[Phase.TRAIN], self.rec.warmup, hand, self.offset, self.offset, self.accuracy, self.note)
+        t.synchronize()
+        origin = self.rec._origin  # the device table's times are seconds from this event
+        ev, host = self.anchor
+        shift = self.offset + t.elapsed(origin, ev) - host  # device time from the origin, minus rank 0's clock
+        hand = None if hand is None else {i: t.elapsed(origin, e) for i, e in hand.items()}
+        return rank_arrivals(self.rec.device[Phase.TRAIN], self.rec.warmup, hand, shift, self.offset, self.accuracy, self.note)

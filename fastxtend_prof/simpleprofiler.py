@@ -183,6 +183,7 @@ class SimpleProfilerCallback(_ProfilerPair):
         memory:bool|str='auto', # Track accelerator memory per step: 'auto' (on an accelerator), True or False
         memory_every:int=MEMORY_EVERY, # Read the allocator on every this many batches (the first of each loop included)
         observers:list=(), # More relays in front of the chain of marks (`Relay` subclasses, or callables taking the next object): your own observers
+        arrivals:bool=True, # On the ranks of a DDP fit: time when each rank reaches the gradient all-reduce (a DDP communication hook) and name the rank the others wait for
     ):
         opts = {k: v for k, v in locals().items() if k != 'self'}
         _check_options(opts, SimpleProfilerCallback.__init__.__annotations__)
@@ -216,7 +217,7 @@ class SimpleProfilerCallback(_ProfilerPair):
                      *self.observers]  # the chain of marks, innermost first: a new observer is one more entry
         s = FitSession(rec=rec, observers=observers, mode=mode, note=note, count=post.samples_per_second, pair=(self, post),
                        hub=LoggerHub.create(self.learn, self.logger_callback, self.log_every), keep_open=self._until_closed, memory_note=why,
-                       arrivals=ArrivalWatch(rec) if dist_info()[0] and dist_info()[2] > 1 else None)
+                       arrivals=ArrivalWatch(rec) if self.arrivals and dist_info()[0] and dist_info()[2] > 1 else None)
         s.start(Step.FIT)
         return s
 

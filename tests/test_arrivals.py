@@ -19,15 +19,26 @@ import ddp_straggler as bench  # noqa: E402  (its Learners: the delays in draw, 
 
 SLOW = bench.SLOW
 DELAY = 0.01  # s of extra work per train batch on rank 1
+WORK = 0.005  # s every rank's forward sleeps per batch: without it the tiny model's iteration is mostly the loop's own overhead
 CASES = ('none', 'draw', 'forward', 'backward', 'opt_step')
+EVENTS = ('backward', 'opt_step')  # also timed the `sync='events'` way
 OFFSETS = (0., 0.25, -1.5)  # s: each rank's fake clock offset
 RUN_LIMIT = 240  # s: a launch that takes longer has hung
 PRELOAD = ['fastxtend_prof.all', 'torch._dynamo', 'fastai.learner', __name__]
 
-def _fit(learn):
-    "One profiled epoch; what rank 0 (or this rank) saw"
-    learn.profile(show_report=False)
-    learn.fit(1)
+def _show(t):
+    "An arrival table in full, for a failure's message"
+    return 'no arrival table' if t is None else (f"{t.to_string()}\niteration {t.attrs['iteration_s']*1e3:.2f} ms, {t.attrs['steady']} batches, "
+                                                 f"spread after a sync {t.attrs['exit_spread']*1e3:.2f} ms")
+
+def _fit(learn, epochs=1, profiling=False):
+    "Profiled epochs (all in one report with `profiling`); what this rank saw"
+    if profiling:
+        with learn.profiling(show_report=False):
+            for _ in range(epochs): learn.fit(1)
+    else:
+        learn.profile(show_report=False)
+        learn.fit(epochs)
     adv = [(a.rule, a.evidence.get('rank'), a.evidence.get('step')) for a in learn.profile_advice]
     return dict(advice=adv, table=learn.profile_arrivals, results=learn.simple_profile_results,
                 merged=getattr(learn, 'simple_profile_merged_results', None))
@@ -41,24 +52,43 @@ def _worker(rank, world, port, out, cases):
     rec = {}
     try:
         import functools
-        from fastxtend_prof import simpleprofiler
+        from fastxtend_prof import simpleprofiler, arrivals, distributed
         from fastxtend_prof.recorder import make_recorder
         from fastai.torch_core import set_seed
+        from conftest import recorder_with
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
         off = OFFSETS[rank]
-        simpleprofiler.make_recorder = functools.partial(make_recorder, clock=lambda: time.perf_counter() + off)
+        clock = lambda: time.perf_counter() + off
+        simpleprofiler.make_recorder = functools.partial(make_recorder, clock=clock)
         dist.init_process_group('gloo', rank=rank, world_size=world, timeout=timedelta(seconds=60))
-        a = argparse.Namespace(batches=20, bs=8, delay=DELAY)
-        for case in cases:
-            rec[case] = _fit(bench.learner(rank, case, a))
-        if True:  # the same seed, profiled or not: the same weights, bit for bit
-            ws = []
-            for profiled in (False, True):
-                set_seed(0)
-                learn = bench.learner(rank, 'none', a)
-                if profiled: learn.profile(show_report=False)
-                learn.fit(2)
-                ws.append(_weights(learn))
-            rec['identical'] = all(torch.equal(ws[0][k], ws[1][k]) for k in ws[0])
+        a = argparse.Namespace(batches=20, bs=8, delay=DELAY, work=WORK)
+        for case in cases: rec[case] = _fit(bench.learner(rank, case, a))
+        with recorder_with(clock, mode='events'):  # sync='events': the timelines are the device timer's (events that read the clock)
+            for case in EVENTS: rec[f'events {case}'] = _fit(bench.learner(rank, case, a))
+        rec['profiling forward'] = _fit(bench.learner(rank, 'forward', a), epochs=2, profiling=True)  # two fits, one report
+        learn = bench.learner(rank, 'draw', a)
+        learn.model.register_comm_hook(None, allreduce_hook)  # the user's own hook: left as it is
+        rec['own hook draw'] = _fit(learn)
+        rec['own hook kept'] = [h for h, _ in learn.model._comm_hooks] == [allreduce_hook]
+        learn = bench.learner(rank, 'draw', a)
+        learn.profile(show_report=False, arrivals=False)
+        learn.fit(1)
+        rec['switched off'] = dict(hooks=list(learn.model._comm_hooks), table=learn.profile_arrivals, results=learn.simple_profile_results,
+                                   advice=[(x.rule, x.evidence.get('rank'), x.evidence.get('step')) for x in learn.profile_advice])
+        ws = []
+        for profiled in (False, True):  # the same seed, profiled or not: the same weights, bit for bit
+            set_seed(0)
+            learn = bench.learner(rank, 'none', a)
+            if profiled: learn.profile(show_report=False)
+            learn.fit(2)
+            ws.append(_weights(learn))
+        rec['identical'] = all(torch.equal(ws[0][k], ws[1][k]) for k in ws[0])
+        # last, as it leaves the ranks' counts of profiled fits apart: only rank 0 profiles; it must give up, not hang
+        arrivals.HANDSHAKE_TIMEOUT, distributed.GATHER_TIMEOUT = 1., 1.
+        learn = bench.learner(rank, 'none', a)
+        t0 = time.perf_counter()
+        rec['rank 0 alone'] = _fit(learn) if rank == 0 else learn.fit(1)
+        rec['rank 0 alone s'] = time.perf_counter() - t0
     except BaseException: rec['error'] = traceback.format_exc()
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
@@ -92,13 +122,13 @@ def test_the_slow_rank_and_step_are_named(runs, case):
     "10 ms in rank 1's draw, forward, backward compute or optimizer step: rank 0's advice names rank 1 and that step, no other rank"
     world, recs = runs
     got = [(r, s) for rule, r, s in recs[0][case]['advice'] if rule == 'straggler_rank']
-    assert got == [(SLOW, case)], f'{case}: {got}\n{recs[0][case]["table"]}'
+    assert got == [(SLOW, case)], f'{case}: {got}\n{_show(recs[0][case]["table"])}'
     t = recs[0][case]['table']
     assert t.set_index('Rank').Late.idxmax() == SLOW and t.Late.max() > 0.5*DELAY
 
 def test_a_balanced_run_names_nobody(runs):
     world, recs = runs
-    assert [a for a in recs[0]['none']['advice'] if a[0] == 'straggler_rank'] == [], recs[0]['none']['table']
+    assert [a for a in recs[0]['none']['advice'] if a[0] == 'straggler_rank'] == [], _show(recs[0]['none']['table'])
 
 def test_the_clock_offsets_are_recovered(runs):
     "Each rank's fake offset, as rank 0 received it, within the accuracy the measurement states (and a 1 ms floor)"
@@ -125,3 +155,34 @@ def test_comm_wait_splits_backward(runs):
 def test_profiling_keeps_the_weights_bit_identical(runs):
     world, recs = runs
     assert all(recs[r]['identical'] for r in range(world))
+
+@pytest.mark.parametrize('case', [f'events {c}' for c in EVENTS] + ['profiling forward'])
+def test_device_timelines_and_several_fits(runs, case):
+    "With `sync='events'` (device events read against an anchor) and over two fits in `learn.profiling()`: the same verdicts"
+    world, recs = runs
+    got = [(r, s) for rule, r, s in recs[0][case]['advice'] if rule == 'straggler_rank']
+    assert got == [(SLOW, case.split()[-1])], f'{case}: {got}\n{_show(recs[0][case]["table"])}'
+    if case == 'profiling forward': assert recs[0][case]['table'].attrs['steady'] >= 2*(20 - 1)
+
+def test_a_hook_of_the_users_own_is_left_alone(runs):
+    "The user's DDP hook stays the only one; the draw straggler is still named, and the note says what is not timed"
+    world, recs = runs
+    assert all(recs[r]['own hook kept'] for r in range(world))
+    r0 = recs[0]['own hook draw']
+    assert [(r, s) for rule, r, s in r0['advice'] if rule == 'straggler_rank'] == [(SLOW, 'draw')]
+    assert any('own DDP communication hook' in n for n in r0['table'].attrs['notes'])
+    assert not (r0['results'].Step == 'comm_wait').any()
+
+def test_a_rank_that_does_not_profile_costs_a_timeout_not_a_hang(runs):
+    world, recs = runs
+    r0 = recs[0]['rank 0 alone']
+    assert r0['table'] is None and not [a for a in r0['advice'] if a[0] == 'straggler_rank']
+    assert recs[0]['rank 0 alone s'] < 20
+
+def test_arrivals_false_leaves_the_model_alone(runs):
+    "`learn.profile(arrivals=False)`: no hook, no comm_wait, no arrival table; the rule on step durations still names the draw straggler"
+    world, recs = runs
+    for r in range(world):
+        off = recs[r]['switched off']
+        assert off['hooks'] == [] and off['table'] is None and not (off['results'].Step == 'comm_wait').any()
+    assert [(r, s) for rule, r, s in recs[0]['switched off']['advice'] if rule == 'straggler_rank'] == [(SLOW, 'draw')]
