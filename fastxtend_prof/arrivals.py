@@ -6,9 +6,9 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/arrivals.html.md"""
 
 # %% auto #0
 __all__ = ['OFFSET_ROUNDS', 'ARRIVE', 'POINTS', 'MAX_BATCHES', 'ARRIVAL_TOL', 'ARRIVAL_SHARE', 'ARRIVAL_MIN_LATE',
-           'ARRIVAL_APART', 'ARRIVAL_CRITICAL', 'HANDSHAKE_TIMEOUT', 'ARRIVAL_KEY', 'clock_offsets', 'offsets_from',
-           'mean_allreduce', 'ArrivalLog', 'ArrivalHook', 'hook_arrivals', 'rank_arrivals', 'with_comm_wait',
-           'arrival_table', 'fake_arrivals', 'arrival_advice', 'drop_waiting', 'arrival_text', 'ArrivalWatch']
+           'ARRIVAL_CRITICAL', 'HANDSHAKE_TIMEOUT', 'ARRIVAL_KEY', 'clock_offsets', 'offsets_from', 'mean_allreduce',
+           'ArrivalLog', 'ArrivalHook', 'hook_arrivals', 'rank_arrivals', 'with_comm_wait', 'arrival_table',
+           'fake_arrivals', 'arrival_advice', 'drop_waiting', 'arrival_text', 'ArrivalWatch']
 
 # %% ../nbs/16_arrivals.ipynb #9b165d1d
 import itertools, math, time
@@ -225,7 +225,6 @@ def fake_arrivals(world:int=2, batches:int=4, step:float=1e-3, extra:dict|None=N
 # %% ../nbs/16_arrivals.ipynb #9b55e6b6
 ARRIVAL_SHARE = 0.25  # of the rest of the median train iteration: the others waiting this long per batch for a rank make it a straggler
 ARRIVAL_MIN_LATE = 5e-4  # s: ... and at least this long
-ARRIVAL_APART = 1.5  # ... and this many times as long as the median of the other ranks is waited for
 ARRIVAL_CRITICAL = 0.5  # ... critical from this share of the iteration
 
 _COMPUTE_TIP = ('rank {r} computes more slowly in `{s}`: look for other processes on its machine or device (`top`, `nvidia-smi`), '
@@ -251,8 +250,7 @@ def arrival_advice(table:pd.DataFrame|None) -> list:
     out = []
     for row in table.to_dict('records'):
         rest = it - row['Late']  # the iteration the others would have without waiting for it
-        if not (row['Late'] >= max(ARRIVAL_MIN_LATE, ARRIVAL_SHARE*rest if rest == rest else 0.)
-                and row['Late'] >= ARRIVAL_APART*table.Late[table.Rank != row['Rank']].median()): continue
+        if not row['Late'] >= max(ARRIVAL_MIN_LATE, ARRIVAL_SHARE*rest if rest == rest else 0.): continue
         r, s, late = int(row['Rank']), row['Late Step'], row['Late']
         others = table[table.Rank != r]
         where = others['Waited In'].mode()

@@ -23,6 +23,7 @@ WORK = 0.005  # s every rank's forward sleeps per batch: without it the tiny mod
 CASES = ('none', 'draw', 'forward', 'backward', 'opt_step')
 EVENTS = ('backward', 'opt_step')  # also timed the `sync='events'` way
 OFFSETS = (0., 0.25, -1.5)  # s: each rank's fake clock offset
+TURNS = {2: (0, 1), 3: (1, 2)}  # the ranks slow in forward in the first and the second half of the epoch
 RUN_LIMIT = 240  # s: a launch that takes longer has hung
 PRELOAD = ['fastxtend_prof.all', 'torch._dynamo', 'fastai.learner', __name__]
 
@@ -66,6 +67,15 @@ def _worker(rank, world, port, out, cases):
         with recorder_with(clock, mode='events'):  # sync='events': the timelines are the device timer's (events that read the clock)
             for case in EVENTS: rec[f'events {case}'] = _fit(bench.learner(rank, case, a))
         rec['profiling forward'] = _fit(bench.learner(rank, 'forward', a), epochs=2, profiling=True)  # two fits, one report
+        from fastai.callback.core import Callback
+        class Turns(Callback):
+            """The straggler changes halfway through the epoch: `TURNS[world]` are slow in forward, one after the other (each costs
+            the run half its delay per batch on average: twice `DELAY`, so that each clears the bar on a crowded machine too)"""
+            def before_batch(self):
+                if self.training and rank == TURNS[world][self.iter >= a.batches//2]: bench.busy(2*DELAY)
+        learn = bench.learner(rank, 'none', a)
+        learn.add_cb(Turns())
+        rec['turns'] = _fit(learn)
         learn = bench.learner(rank, 'draw', a)
         learn.model.register_comm_hook(None, allreduce_hook)  # the user's own hook: left as it is
         rec['own hook draw'] = _fit(learn)
@@ -186,3 +196,12 @@ def test_arrivals_false_leaves_the_model_alone(runs):
         off = recs[r]['switched off']
         assert off['hooks'] == [] and off['table'] is None and not (off['results'].Step == 'comm_wait').any()
     assert [(r, s) for rule, r, s in recs[0]['switched off']['advice'] if rule == 'straggler_rank'] == [(SLOW, 'draw')]
+
+def test_a_straggler_that_changes_names_both(runs):
+    "One rank slow for the first half of the epoch, another for the second: both named, in `forward`, each last in about half the batches"
+    world, recs = runs
+    r0 = recs[0]['turns']
+    got = sorted((r, s) for rule, r, s in r0['advice'] if rule == 'straggler_rank')
+    assert got == [(r, 'forward') for r in TURNS[world]], f'{got}\n{_show(r0["table"])}'
+    share = r0['table'].set_index('Rank')['Last Share']
+    assert all(0.3 <= share[r] <= 0.7 for r in TURNS[world]), _show(r0['table'])
