@@ -13,6 +13,7 @@ import pytest, torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from conftest import row
+from test_applications import adult_like, state, differences
 
 sys.path.insert(0, str(Path(__file__).parents[1]/'benchmarks'))
 import ddp_straggler as bench  # noqa: E402  (its Learners: the delays in draw, forward, backward compute, opt_step)
@@ -46,6 +47,23 @@ def _fit(learn, epochs=1, profiling=False):
 
 def _weights(learn):
     return {k: v.detach().clone() for k, v in learn.model.module.state_dict().items()}
+
+def _ddp_tabular(profiled):
+    "fastai's tabular application (test_applications' data and Learner) under DDP, `fit_one_cycle` from one seed: its `state`"
+    from fastai.tabular.all import TabularDataLoaders, tabular_learner, Categorify, FillMissing, Normalize
+    from fastai.metrics import accuracy
+    from fastai.callback.progress import ProgressCallback
+    from fastai.torch_core import set_seed
+    from torch.nn.parallel import DistributedDataParallel
+    set_seed(1, reproducible=True)
+    dls = TabularDataLoaders.from_df(adult_like(), y_names='salary', cat_names=['workclass', 'education'], cont_names=['age', 'hours'],
+                                     procs=[Categorify, FillMissing, Normalize], bs=64, num_workers=0, device='cpu')
+    learn = tabular_learner(dls, layers=[32, 16], metrics=accuracy)
+    learn.remove_cb(ProgressCallback)
+    learn.model = DistributedDataParallel(learn.model)
+    if profiled: learn.profile(show_report=False)
+    with learn.no_logging(): learn.fit_one_cycle(2, 1e-2)
+    return state(learn)
 
 def _worker(rank, world, port, out, cases):
     os.environ.update(MASTER_ADDR='127.0.0.1', MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world))
@@ -93,6 +111,7 @@ def _worker(rank, world, port, out, cases):
             learn.fit(2)
             ws.append(_weights(learn))
         rec['identical'] = all(torch.equal(ws[0][k], ws[1][k]) for k in ws[0])
+        rec['tabular'] = differences(_ddp_tabular(False), _ddp_tabular(True))
         # last, as it leaves the ranks' counts of profiled fits apart: only rank 0 profiles; it must give up, not hang
         arrivals.HANDSHAKE_TIMEOUT, distributed.GATHER_TIMEOUT = 1., 1.
         learn = bench.learner(rank, 'none', a)
@@ -163,8 +182,10 @@ def test_comm_wait_splits_backward(runs):
     assert len(merged[(merged.Phase == 'train') & (merged.Step == 'comm_wait')]) == 1
 
 def test_profiling_keeps_the_weights_bit_identical(runs):
+    "The same seed, profiled or not, through the arrival hook: the same weights, on the toy model and on fastai's tabular application"
     world, recs = runs
     assert all(recs[r]['identical'] for r in range(world))
+    for r in range(world): assert recs[r]['tabular'] == [], f'rank {r}: profiling changed the DDP tabular run: {recs[r]["tabular"][:5]}'
 
 @pytest.mark.parametrize('case', [f'events {c}' for c in EVENTS] + ['profiling forward'])
 def test_device_timelines_and_several_fits(runs, case):
