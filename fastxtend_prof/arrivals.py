@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 from .recorder import (Phase, Step, BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP,
                                      AFTER_STEP, PRE_AFTER_BATCH, POST_AFTER_BATCH, NEXT_DRAW, stats, check_int)
-from .report import format_duration
+from .report import format_duration, results_frame
 from .advice import Advice
 
 # %% ../nbs/16_arrivals.ipynb #ff3fe903
@@ -119,11 +119,9 @@ def with_comm_wait(results:pd.DataFrame, arr:dict|None) -> pd.DataFrame:
     if not len(at): return results
     st = stats(w)
     fit = results[(results.Phase == Phase.FIT) & (results.Step == Step.FIT)]['Total Time']
-    st['Samples/Second'] = math.nan
     st['Percent of Total'] = 100*st['Total Time']/fit.iloc[0] if len(fit) and fit.iloc[0] > 0 else math.nan
-    row = pd.DataFrame([dict(Phase=str(Phase.TRAIN), Action=str(Step.BACKWARD), Step=str(Step.COMM_WAIT), **st)])
     i = results.index.get_loc(at[0]) + 1
-    out = pd.concat([results.iloc[:i], row[results.columns.intersection(row.columns)], results.iloc[i:]], ignore_index=True)
+    out = pd.concat([results.iloc[:i], results_frame([(Phase.TRAIN, Step.BACKWARD, Step.COMM_WAIT, st)]), results.iloc[i:]], ignore_index=True)
     return out.astype(results.dtypes.to_dict())
 
 # %% ../nbs/16_arrivals.ipynb #74be90d4
@@ -198,7 +196,7 @@ def arrival_table(ranks:dict, tol:float=ARRIVAL_TOL) -> pd.DataFrame|None:
                      'Late Step Excess': excess[i].get(s, math.nan)/ns, 'Waited': float(waited[i, steady].sum()/ns),
                      'Waited In': str(w), 'Hooked': bool(ranks[r]['hooked'])})
     out = pd.DataFrame(rows)
-    out.attrs.update(batches=n, steady=int(steady.sum()), iteration_s=iteration, accuracy=acc, tol=tol, late=late[:, steady],
+    out.attrs.update(batches=n, steady=int(steady.sum()), iteration_s=iteration, accuracy=acc, tol=tol,
                      offsets={r: ranks[r]['offset'] for r in order}, exit_spread=float(np.mean(exits)) if exits else 0.,
                      excess={r: {str(k): v/ns for k, v in excess[i].items()} for i, r in enumerate(order)},
                      waited_in={r: {str(k): v/ns for k, v in wait_in[i].items()} for i, r in enumerate(order)},
@@ -304,22 +302,18 @@ _fits = itertools.count()
 
 def _all_ranks_profile(world:int, timeout:float) -> bool:
     "Whether every rank reached this point within `timeout` s, counted in the process group's store"
-    from fastxtend_prof.distributed import _store
+    from fastxtend_prof.distributed import _store, _wait_count
     store, key = _store(), f'{ARRIVAL_KEY}/{next(_fits)}'
     store.add(key, 1)
-    deadline, delay = time.monotonic() + timeout, 1e-3
-    while store.add(key, 0) < world:
-        if time.monotonic() > deadline:
-            store.set(key + '/gave_up', '1')  # a rank that arrives later sees it and does not go on alone
-            return False
-        time.sleep(delay)
-        delay = min(2*delay, 0.05)
+    if not _wait_count(store, key, world, time.monotonic() + timeout):
+        store.set(key + '/gave_up', '1')  # a rank that arrives later sees it and does not go on alone
+        return False
     return not store.check([key + '/gave_up'])
 
 class ArrivalWatch:
     "One profiled fit's arrival times on this rank: started at each train loop (`start`), stopped and packed after the fit (`record`)"
-    def __init__(self, rec, clock=None):
-        self.rec, self.clock = rec, clock or rec.clock
+    def __init__(self, rec):
+        self.rec, self.clock = rec, rec.clock  # the host clock of the recorder's marks
         self.timer = getattr(rec, 'timer', None)  # an `EventRecorder`'s device timer: the hand-overs are device events
         self.log, self.hooks, self.model, self.anchor = None, [], None, None
         self.offset, self.accuracy, self.note, self.started, self.measured = 0., math.nan, '', False, False

@@ -184,12 +184,18 @@ def _send(store, key:str, count:str, payload:dict):
     store.set(key, pickle.dumps(payload))
     store.add(count, 1)
 
-def _collect(store, keys:dict, count:str, deadline:float, res:GatherResult, frames:dict):
-    "Rank 0: wait until `deadline` for the other ranks' keys, then read those that arrived into `frames` / `res`"
+def _wait_count(store, count:str, n:int, deadline:float) -> bool:
+    "Wait until the store's counter `count` reaches `n` or `time.monotonic()` passes `deadline`, polling ever less often: whether it did"
     delay = 1e-3
-    while store.add(count, 0) < len(keys) and time.monotonic() < deadline:
+    while store.add(count, 0) < n:
+        if time.monotonic() >= deadline: return False
         time.sleep(max(min(delay, deadline - time.monotonic()), 0))
         delay = min(2*delay, 0.05)
+    return True
+
+def _collect(store, keys:dict, count:str, deadline:float, res:GatherResult, frames:dict):
+    "Rank 0: wait until `deadline` for the other ranks' keys, then read those that arrived into `frames` / `res`"
+    _wait_count(store, count, len(keys), deadline)
     for r, k in keys.items():
         if not store.check([k]):
             res.missing.append(r)

@@ -155,6 +155,11 @@ def _in_lr_find(learn) -> bool:
     return sched is not None and any(isinstance(cb, sched.LRFinder) for cb in learn.cbs)
 
 # %% ../nbs/09_simpleprofiler.ipynb #4bb194aa
+def _data_parallel() -> bool:
+    "Whether this process is one of several ranks of an initialised process group"
+    init, _, world = dist_info()
+    return init and world > 1
+
 class SimpleProfilerCallback(_ProfilerPair):
     "Profiles a fit with `SimpleProfilerPostCallback`; `show_report`, `save_csv` to `csv_name` after fit"
     order,remove_on_fetch = -1000,True
@@ -217,7 +222,7 @@ class SimpleProfilerCallback(_ProfilerPair):
                      *self.observers]  # the chain of marks, innermost first: a new observer is one more entry
         s = FitSession(rec=rec, observers=observers, mode=mode, note=note, count=post.samples_per_second, pair=(self, post),
                        hub=LoggerHub.create(self.learn, self.logger_callback, self.log_every), keep_open=self._until_closed, memory_note=why,
-                       arrivals=ArrivalWatch(rec) if self.arrivals and dist_info()[0] and dist_info()[2] > 1 else None)
+                       arrivals=ArrivalWatch(rec) if self.arrivals and _data_parallel() else None)
         s.start(Step.FIT)
         return s
 
