@@ -6,7 +6,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/cli.html.md"""
 
 # %% auto #0
 __all__ = ['DEVICES', 'DigitsDataset', 'digits_dls', 'demo_device', 'digits_cnn', 'epoch_line', 'print_epoch', 'demo', 'parser',
-           'compare_command', 'main']
+           'compare_command', 'tune_command', 'main']
 
 # %% ../nbs/10_cli.ipynb #168568d7
 import argparse, math, sys, time, warnings
@@ -27,8 +27,9 @@ from .simpleprofiler import profile
 from .report import output_path, check_writable
 from .recorder import SYNC_MODES
 from .compare import as_profile, compare_profiles, show_comparison, slower_than, plot_comparison, ALPHA, MIN_CHANGE, MIN_SHARE
+from .tune import speed_find, ASKED
 
-_PATCHES = fit_one_cycle, profile  # imported for what importing them does: `learn.fit_one_cycle`, `learn.profile`
+_PATCHES = fit_one_cycle, profile, speed_find  # imported for what importing them does: `learn.fit_one_cycle`, `learn.profile`, `learn.speed_find`
 
 # %% ../nbs/10_cli.ipynb #d3bd7931
 class DigitsDataset(torch.utils.data.Dataset):
@@ -109,10 +110,14 @@ def _number(conv, lo:float, what:str):
 _positive_int = _number(int, 1, 'a positive integer')
 def _non_negative(conv): return _number(conv, 0, 'an integer >= 0' if conv is int else 'a number >= 0')
 
+class _OneLineErrors(argparse.ArgumentParser):
+    "A subcommand's parser whose bad options cost one line on stderr (and exit 2), without the usage block"
+    def error(self, message): self.exit(2, f'{self.prog}: error: {message}\n')
+
 def parser():
     "The `fastxtend-prof` argument parser"
     p = argparse.ArgumentParser(prog='fastxtend-prof', description='Profile a short fastai training run and print where the time went.')
-    sub = p.add_subparsers(dest='command')
+    sub = p.add_subparsers(dest='command', parser_class=_OneLineErrors)
     d = sub.add_parser('demo', help='profile a small CNN on scikit-learn digits (the default command)')
     for q in (p, d):  # the subcommand's copies default to nothing, so options given before `demo` stand
         dflt = (lambda v: dict(default=v)) if q is p else (lambda v: dict(default=argparse.SUPPRESS))
@@ -138,6 +143,18 @@ def parser():
     c.add_argument('--min-change', type=_non_negative(float), default=MIN_CHANGE, metavar='PCT', help=f'smallest change in percent called significant (default: {MIN_CHANGE:g})')
     c.add_argument('--min-share', type=_non_negative(float), default=MIN_SHARE, metavar='PCT', help=f"smallest change, in percent of the phase's iteration time, called significant (default: {MIN_SHARE:g})")
     c.add_argument('--plot', metavar='PATH', help='save the side-by-side chart to this PNG file')
+    t = sub.add_parser('tune', help="try the profile's advice on the demo in short trials and keep what is significantly faster (learn.speed_find)",
+                       description='Run learn.speed_find() on the demo: profile the starting configuration, try the fixes its profile points to, '
+                                   'and print each trial with its prediction, its measured change and the verdict.')
+    t.add_argument('--bs', type=_positive_int, default=64, help='batch size (default: 64)')
+    t.add_argument('--num-workers', type=_non_negative(int), default=0, help='DataLoader worker processes to start from (default: 0)')
+    t.add_argument('--slow-data', type=_non_negative(float), default=0., metavar='SECONDS', help='extra loading time per batch: a data-bound run the tuner can fix (default: 0)')
+    t.add_argument('--device', choices=DEVICES, default='auto', help='where to train: auto, cpu or cuda (default: auto)')
+    t.add_argument('--max-time', type=_number(float, 1e-9, 'a positive number of seconds'), default=60., metavar='SECONDS', help='budget of the whole search (default: 60)')
+    t.add_argument('--batches', type=_number(int, 2, 'an integer >= 2'), default=40, help='steady train batches per trial (default: 40)')
+    t.add_argument('--warmup', type=_non_negative(int), default=3, help='leading train batches of each loop left out of a trial (default: 3)')
+    t.add_argument('--allow', choices=ASKED, action='append', default=[], help='also try a fix that changes the numerics or the training (repeatable)')
+    t.add_argument('--plot', metavar='PATH', help='save the chart of the trials to this PNG file')
     return p
 
 def compare_command(a) -> int:
@@ -167,11 +184,32 @@ def _outputs(a) -> dict:
         if v: out[key] = str(check_writable(output_path(v, default), opt))
     return out
 
+def tune_command(a) -> int:
+    "`fastxtend-prof tune`: `learn.speed_find()` on the demo's Learner, the table printed; 2 with one line on bad input, before training"
+    try:
+        device = demo_device(a.device)
+        plot = str(check_writable(output_path(a.plot, 'speed_find.png'), '--plot')) if a.plot else None
+    except ValueError as e:
+        print(f'fastxtend-prof tune: error: {e}', file=sys.stderr)
+        return 2
+    dls = digits_dls(bs=a.bs, num_workers=a.num_workers, slow_data=a.slow_data, device=device)
+    learn = Learner(dls, digits_cnn(), loss_func=nn.CrossEntropyLoss(), metrics=accuracy)
+    res = learn.speed_find(max_time=a.max_time, batches=a.batches, warmup=a.warmup, allow=tuple(a.allow))
+    print(res.apply_text(applied=False))
+    if plot:
+        res.plot(fname=plot)
+        print(f'Saved: chart {plot}')
+    return 0
+
 def main(argv=None):
     "Entry point of `fastxtend-prof` and `python -m fastxtend_prof`"
     p = parser()
-    a = p.parse_args(argv)
+    a, extra = p.parse_known_args(argv)
+    if extra:  # one line, as for any other bad option
+        print(f"fastxtend-prof{' ' + a.command if a.command else ''}: error: unrecognized arguments: {' '.join(extra)}", file=sys.stderr)
+        return 2
     if a.command == 'compare': return compare_command(a)
+    if a.command == 'tune': return tune_command(a)
     try: demo_device(a.device)  # before anything is built: a machine without CUDA gets one line, exit 2
     except ValueError as e: p.error(str(e))
     try: out = _outputs(a)  # where each file goes, checked before anything is trained

@@ -86,3 +86,21 @@ def test_no_progress_prints_one_readable_line_per_epoch(tmp_path):
 def test_help_says_what_no_progress_prints(tmp_path):
     p = run('demo', '--help', cwd=tmp_path)
     assert 'one line per epoch' in ' '.join(p.stdout.split()), p.stdout
+
+def test_tune_bad_options_are_one_line_before_training(tmp_path):
+    bad = [['tune', '--max-time', '0'], ['tune', '--batches', '1'], ['tune', '--allow', 'bf16'], ['tune', '--no-such-option'],
+           ['tune', '--slow-data', '-1'], ['tune', '--plot', str(tmp_path/'f'/'x.png')]]
+    (tmp_path/'f').write_text('')  # a file where the chart's folder would be
+    for args in bad:
+        p = run(*args, cwd=tmp_path)
+        lines = p.stderr.strip().splitlines()
+        assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith('fastxtend-prof tune: error:'), (args, p.stderr)
+        assert 'speed_find' not in p.stdout  # refused before any trial
+
+def test_tune_fixes_the_slow_data_demo(tmp_path):
+    "A data-bound demo (a sleep per batch): the tuner keeps more workers and prints the table and how to keep them"
+    p = run('tune', '--slow-data', '0.02', '--device', 'cpu', '--batches', '30', '--plot', 'tune.png', cwd=tmp_path)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert 'speed_find: faster with num_workers=' in p.stdout and 'To keep what speed_find found:' in p.stdout, p.stdout
+    assert re.search(r'num_workers=\d+ +\S+ ms \(-\d+%\)', p.stdout), p.stdout
+    assert (tmp_path/'tune.png').read_bytes()[:4] == b'\x89PNG'

@@ -31,6 +31,7 @@ ALLOWED = {
     ('simpleprofiler.py', 'outputs', 'trace'): "the file of the `trace` option, among the files a profile writes",
     ('simpleprofiler.py', '_present', 'trace'): "the label of the trace file in the list of files written",
     ('simpleprofiler.py', '', 'trace'): "`ProfileResult.trace`, the attribute `learn.profile_trace` reads",
+    ('tune.py', '_check_find', 'warmup'): "the `warmup` option of `learn.speed_find`",
 }
 
 def _skipped(tree) -> set:

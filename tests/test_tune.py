@@ -1,0 +1,292 @@
+"""`learn.speed_find()` on real Learners: it finds the loader workers a data-bound run needs and proves the gain, leaves a
+compute-bound run alone, survives a trial that fails, stays in its budget, and puts the Learner back so exactly that the
+training that follows is bit-identical to one without it (synthetic, vision with `aug_transforms`, tabular)."""
+import copy, random, time, warnings
+from functools import partial
+import numpy as np, pytest, torch
+from torch import nn
+from fastai.basics import set_seed
+from fastai.data.core import DataLoaders
+from fastai.learner import Learner
+from fastai.optimizer import OptimWrapper
+from fastai.callback.progress import ProgressCallback
+from fastai.callback.training import GradientAccumulation
+from fastai.callback.fp16 import MixedPrecision
+from fastai.callback.schedule import fit_one_cycle  # noqa: F401  (adds Learner.fit_one_cycle)
+import fastxtend_prof.all  # noqa: F401  (adds Learner.profile and Learner.speed_find)
+from fastxtend_prof.tune import plan, predict_workers, tune_context, steady_times, SETTERS, Fix, TARGET_SHARE, LearnerState
+from fastxtend_prof.recorder import Step
+from conftest import busy
+from test_applications import _vision, digits_dir, image_dls, adult_like, state, differences, SEED  # noqa: F401  (digits_dir: a fixture)
+
+ITEM, BS, COMPUTE = 1.5e-3, 8, 1e-3  # the issue's run: items busy-wait 1.5 ms, batches of 8, 1 ms of compute
+
+class BusyItems(torch.utils.data.Dataset):
+    "Items that cost `item` seconds of CPU each (a busy wait); `fail_in_workers`: raise when loaded in a worker process"
+    def __init__(self, n, item=ITEM, fail_in_workers=False): self.n, self.item, self.fail = n, item, fail_in_workers
+    def __len__(self): return self.n
+    def __getitem__(self, i):
+        if self.fail and torch.utils.data.get_worker_info() is not None: raise RuntimeError('this dataset breaks in worker processes')
+        busy(self.item)
+        g = torch.Generator().manual_seed(i)
+        return torch.randn(4, generator=g), torch.randn(1, generator=g)
+
+class BusyModel(nn.Module):
+    "A linear model whose forward also costs `compute` seconds (a busy wait): a fixed compute cost"
+    def __init__(self, compute=COMPUTE): super().__init__(); self.lin, self.compute = nn.Linear(4, 1), compute
+    def forward(self, x):
+        busy(self.compute)
+        return self.lin(x)
+
+def busy_learner(item=ITEM, compute=COMPUTE, n_batches=60, fail_in_workers=False, **kw):
+    dls = DataLoaders.from_dsets(BusyItems(BS*n_batches, item, fail_in_workers), BusyItems(4*BS, 0), bs=BS, num_workers=0)
+    return Learner(dls, BusyModel(compute), loss_func=nn.MSELoss(), **kw)
+
+def snapshot(learn) -> dict:
+    "What speed_find must leave as it found: weights, optimizer state, loaders' settings, every random state"
+    opt = learn.opt.state_dict() if learn.opt is not None else None
+    return dict(weights={k: v.detach().clone() for k, v in learn.model.state_dict().items()},
+                opt=copy.deepcopy(opt), grads=[None if p.grad is None else p.grad.clone() for p in learn.model.parameters()],
+                loaders=[(dl.fake_l.num_workers, dl.fake_l.pin_memory, dl.pin_memory, dl.bs, dl.device, dl.rng.getstate()) for dl in learn.dls.loaders],
+                rng=(random.getstate(), np.random.get_state()[1].tolist(), torch.get_rng_state()), cbs=list(learn.cbs),
+                training=learn.model.training)
+
+def assert_same(a:dict, b:dict):
+    assert a['weights'].keys() == b['weights'].keys() and all(torch.equal(a['weights'][k], b['weights'][k]) for k in a['weights'])
+    assert (a['opt'] is None) == (b['opt'] is None)
+    if a['opt'] is not None:
+        sa, sb = a['opt']['state'], b['opt']['state']
+        assert len(sa) == len(sb)
+        for x, y in zip(sa.values() if isinstance(sa, dict) else sa, sb.values() if isinstance(sb, dict) else sb):
+            assert x.keys() == y.keys() and all(torch.equal(x[k], y[k]) if torch.is_tensor(x[k]) else x[k] == y[k] for k in x)
+        assert a['opt'].get('param_groups', a['opt'].get('hypers')) is not None
+    assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(a['grads'], b['grads']))
+    assert a['loaders'] == b['loaders'] and a['rng'][0] == b['rng'][0] and a['rng'][1] == b['rng'][1] and torch.equal(a['rng'][2], b['rng'][2])
+    assert a['cbs'] == b['cbs'] and a['training'] == b['training']
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+# ------------------------------------------------------------------------------------------------ a data-bound run
+def test_data_bound_run_gets_workers_and_proof(capsys):
+    "The issue's run: the tuner picks workers, the speed-up is significant and within 30% of the prediction; nothing changed"
+    learn = busy_learner()
+    with learn.no_bar(): learn.fit(1)  # an optimizer with state, weights that moved
+    before = snapshot(learn)
+    res = learn.speed_find(max_time=60)
+    assert_same(before, snapshot(learn))
+    t = res.trials
+    kept = t[t.Accepted]
+    assert len(kept) >= 1 and res.fixes and res.fixes[0].kind == 'num_workers' and res.fixes[0].value >= 1, res.text()
+    k = kept.iloc[-1]
+    assert k['p-value'] < 0.01 and k['CI High %'] < 0, res.text()
+    errors = kept['Error %'].abs()
+    if errors.max() > 30:  # one more search before blaming the model: a busy machine slows a trial, not the prediction
+        res = learn.speed_find(max_time=60, show=False)
+        errors = res.trials[res.trials.Accepted]['Error %'].abs()
+    assert len(errors) and errors.max() <= 30, res.text()
+    out = capsys.readouterr().out
+    assert 'speed_find: start' in out and 'kept' in out and 'put back' in out
+    assert res.seconds < 60 and 'faster with num_workers=' in res.verdict
+
+def test_apply_sets_the_workers_and_says_how_to_keep_them(capsys):
+    learn = busy_learner(n_batches=45)
+    res = learn.speed_find(max_time=60, batches=30, apply=True)
+    assert res.fixes, res.text()
+    k = res.fixes[0].value
+    assert all(dl.fake_l.num_workers == k for dl in learn.dls.loaders)
+    out = capsys.readouterr().out
+    assert f'num_workers: 0 → {k}' in out and f'num_workers={k}' in out
+    learn.fit(1)  # the Learner trains with its new loaders
+
+def test_compute_bound_run_is_left_alone():
+    learn = busy_learner(item=0, compute=4e-3, n_batches=45)
+    before = snapshot(learn)
+    res = learn.speed_find(max_time=60, batches=30, show=False)
+    assert not res.fixes and not res.trials.Accepted.any()
+    assert res.verdict.startswith('no change') and 'compute-bound' in res.verdict, res.verdict
+    assert_same(before, snapshot(learn))
+
+def test_a_failing_trial_is_reported_and_the_learner_restored():
+    "A dataset that breaks in worker processes: the workers' trial fails, the table says so, the Learner is as it was"
+    learn = busy_learner(fail_in_workers=True, n_batches=45)
+    with learn.no_bar(): learn.fit(1)
+    before = snapshot(learn)
+    res = learn.speed_find(max_time=60, batches=30, show=False)
+    failed = res.trials[res.trials.Note.str.startswith('failed')]
+    assert len(failed) == 1 and 'worker processes' in failed.Note.iloc[0], res.text()
+    assert not res.fixes
+    assert_same(before, snapshot(learn))
+    learn.fit(1)
+
+def test_interrupt_inside_a_trial_restores_and_raises():
+    "Ctrl-C in a trial: the Learner is put back, and the interrupt goes on to the caller"
+    learn = busy_learner(n_batches=45)
+    with learn.no_bar(): learn.fit(1)
+    before = snapshot(learn)
+    class Interrupt(nn.Module):
+        def __init__(self, inner): super().__init__(); self.inner, self.n = inner, 0
+        def forward(self, x):
+            self.n += 1
+            if self.n == 50: raise KeyboardInterrupt
+            return self.inner(x)
+    learn.model = Interrupt(learn.model)
+    before = snapshot(learn)
+    with pytest.raises(KeyboardInterrupt): learn.speed_find(max_time=60, batches=30, show=False)
+    assert_same(before, snapshot(learn))
+
+# ------------------------------------------------------------------------------------------------ budget and errors
+def test_budget_holds():
+    learn = busy_learner()
+    res = learn.speed_find(max_time=0.4, show=False)
+    assert res.seconds < 0.4 + 0.3, res.seconds  # a trial stops at the deadline; putting the Learner back is quick
+    assert res.notes and ('budget' in res.notes[0] or 'budget' in ' '.join(res.trials.Note)), res.text()
+    res = busy_learner().speed_find(max_batches=43, show=False)
+    assert len(res.trials) == 1 and any('max_batches' in n for n in res.notes), res.text()
+
+@pytest.mark.parametrize('kw, msg', [(dict(max_time=0), 'max_time'), (dict(batches=1), 'batches'), (dict(allow='bf16'), 'allow'),
+                                      (dict(allow=('batch_size', 'x')), 'allow'), (dict(max_batches=10), 'max_batches'),
+                                      (dict(sync='gpu'), 'sync'), (dict(warmup=-1), 'warmup'), (dict(warmup=80), 'warmup')])
+def test_bad_options_fail_at_the_call(kw, msg):
+    learn = busy_learner(n_batches=10)
+    with pytest.raises(ValueError, match=msg): learn.speed_find(show=False, **kw)
+    assert learn.__dict__.get('profile_result') is None
+
+def test_not_inside_a_fit():
+    from fastai.callback.core import Callback
+    learn = busy_learner(n_batches=4)
+    class Tune(Callback):
+        def before_fit(self): self.learn.speed_find(show=False)
+    with pytest.raises(RuntimeError, match='between fits'): learn.fit(1, cbs=Tune())
+
+# ------------------------------------------------------------------------------------------- what users attach
+def test_one_cycle_accumulation_mixed_precision_progress_bar_then_identical_training():
+    "A Learner with GradientAccumulation, MixedPrecision and a progress bar: speed_find, then fit_one_cycle, bit-identical to no speed_find"
+    def build():
+        set_seed(SEED, reproducible=True)
+        return busy_learner(item=2e-4, compute=0, n_batches=45, cbs=[GradientAccumulation(4*BS), MixedPrecision()])
+    def train(learn, tune):
+        with warnings.catch_warnings():
+            warnings.simplefilter('ignore')  # autocast and GradScaler without CUDA: fastai's own warnings
+            learn.fit_one_cycle(1, 1e-2)
+            if tune:
+                res = learn.speed_find(max_time=60, batches=30, show=False)
+                assert len(res.trials) >= 1
+            learn.fit_one_cycle(1, 1e-2)
+        return learn
+    a, b = train(build(), False), train(build(), True)
+    assert any(isinstance(cb, ProgressCallback) for cb in b.cbs)
+    assert not differences(state(a), state(b))
+
+def test_inside_profiling_the_trials_stay_out_of_the_report():
+    learn = busy_learner(item=2e-4, n_batches=45)
+    with learn.profiling(show_report=False):
+        learn.fit(1)
+        res = learn.speed_find(max_time=60, batches=30, show=False)
+        learn.fit(1)
+    assert len(res.trials) >= 1
+    r = learn.profile_result
+    assert '2 fits' in r.title, r.title
+    assert r.results[(r.results.Phase == 'train') & (r.results.Step == 'iteration')]['Number of Calls'].iloc[0] == 2*(45 - 1)
+
+def test_foreach_is_tried_on_a_host_bound_optimizer_step():
+    "Many small parameters and a torch AdamW without foreach: the optimizer step is the bottleneck; foreach is tried, and undone"
+    class Many(nn.Module):
+        def __init__(self): super().__init__(); self.ps = nn.ParameterList([nn.Parameter(torch.zeros(3)) for _ in range(300)])
+        def forward(self, x): return x[:, :1] + sum(p.sum() for p in self.ps[:2])
+    dls = DataLoaders.from_dsets(BusyItems(BS*45, 0), BusyItems(2*BS, 0), bs=BS, num_workers=0)
+    learn = Learner(dls, Many(), loss_func=nn.MSELoss(), opt_func=partial(OptimWrapper, opt=torch.optim.AdamW, foreach=False, fused=False))
+    with learn.no_bar(): learn.fit(1)
+    before = snapshot(learn)
+    res = learn.speed_find(max_time=60, batches=30, show=False)
+    assert 'foreach=True' in set(res.trials.Change), res.text()
+    assert_same(before, snapshot(learn))
+    assert all(g['foreach'] is False for g in learn.opt.opt.param_groups)
+
+# ---------------------------------------------------------------------------------------- the accelerator paths, faked
+GPU_CTX = dict(device='cuda', model_device=torch.device('cuda'), cores=8, fastai_loader=True, num_workers=4, pin_memory=False, n_batches=100,
+               bs=64, dls_device=None, optimizer='AdamW', foreach=True, fused=False, fused_ok=True, conv=True, channels_last=False, mixed_precision=False)
+
+def test_plan_on_an_accelerator():
+    "A GPU run's profile (faked): pinned memory, transforms on the device, fused, channels_last; mixed precision only when allowed"
+    times = {Step.ITERATION: 0.1, Step.WAIT: 0.001, Step.TRANSFER: 0.02, Step.TRANSFORMS: 0.02, Step.FORWARD: 0.02, Step.BACKWARD: 0.02,
+             Step.OPT_STEP: 0.015, Step.OTHER: 0.002}
+    fixes, _ = plan(times, GPU_CTX)
+    assert {f.kind for f in fixes} == {'pin_memory', 'transforms_on_device', 'fused', 'channels_last'}
+    assert [f.predicted for f in fixes] == sorted(f.predicted for f in fixes)  # the most promising first
+    assert {f.kind for f in plan(times, GPU_CTX, allow=('mixed_precision',))[0]} >= {'mixed_precision'}
+    cpu = {**GPU_CTX, 'device': 'cpu', 'model_device': torch.device('cpu')}
+    fixes, notes = plan(times, cpu, allow=('mixed_precision',))
+    assert {f.kind for f in fixes} == {'fused'} and any('accelerator' in n for n in notes)
+
+def test_worker_prediction_knows_the_cores():
+    "0 workers: 12 ms of loading and 1 ms of compute a batch; on 2 cores the workers can't beat (12+1+1)/2 ms"
+    assert predict_workers(0.012, 0.013, 0, 0, 2) == pytest.approx(0.013)
+    assert predict_workers(0.012, 0.013, 0, 1, 2) == pytest.approx(0.013)  # 1 ms to hand each batch over
+    assert predict_workers(0.012, 0.013, 0, 2, 2) == pytest.approx(0.007)
+    assert predict_workers(0.012, 0.013, 0, 4, 16) == pytest.approx(0.00325)
+    times = {Step.ITERATION: 0.013, Step.WAIT: 0.012, Step.FORWARD: 0.001}
+    fixes, _ = plan(times, {**GPU_CTX, 'device': 'cpu', 'cores': 2, 'num_workers': 0})
+    assert fixes[0].kind == 'num_workers' and fixes[0].value == 2
+    fixes, notes = plan(times, {**GPU_CTX, 'device': 'cpu', 'cores': 2, 'num_workers': 2})
+    assert not any(f.kind == 'num_workers' for f in fixes) and any('2 cores' in n for n in notes)
+
+def test_setters_undo_exactly():
+    "Each change the tuner makes on a CPU Learner, the GPU ones included, is undone to the last attribute"
+    v = busy_learner(n_batches=4)
+    v.model = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Flatten(), nn.LazyLinear(1))
+    v.model(torch.zeros(1, 3, 5, 5))
+    v.opt_func = partial(OptimWrapper, opt=torch.optim.AdamW)
+    v.create_opt()
+    for p in v.model.parameters(): p.grad = torch.ones_like(p)
+    v.opt.step()
+    ctx = tune_context(v)
+    strides = [p.stride() for p in v.model.parameters()]
+    for kind, value in (('pin_memory', True), ('channels_last', True), ('transforms_on_device', 'cpu'), ('foreach', True), ('fused', True),
+                        ('batch_size', 16), ('num_workers', 3), ('mixed_precision', True)):
+        undo = SETTERS[kind](v, value)
+        assert tune_context(v) != ctx or kind in ('transforms_on_device',), kind
+        if kind == 'fused':
+            for p in v.model.parameters(): p.grad = torch.ones_like(p)
+            v.opt.step()  # the fused kernel runs on the state the unfused one made
+        undo()
+        now = tune_context(v)
+        assert {k: now[k] for k in ctx if k != 'dls_device'} == {k: ctx[k] for k in ctx if k != 'dls_device'}, kind
+        assert [p.stride() for p in v.model.parameters()] == strides, kind
+
+# ------------------------------------------------------------------------------------ fastai's applications, unchanged
+def _identical_after_tuning(build, first, then, **find):
+    "Seed, build, `first`, (speed_find), `then`: with and without the tuner the weights and metrics are bit-identical"
+    runs = []
+    for tune in (False, True):
+        set_seed(SEED, reproducible=True)
+        learn = build()
+        learn.remove_cb(ProgressCallback)
+        with warnings.catch_warnings(), learn.no_logging():
+            warnings.simplefilter('ignore')
+            first(learn)
+            if tune: learn.speed_find(show=False, **find)
+            then(learn)
+        runs.append(state(learn))
+    diff = differences(*runs)
+    assert not diff, 'speed_find changed the training that followed: ' + '; '.join(diff[:5])
+
+@pytest.mark.apps
+def test_vision_with_aug_transforms_unchanged_by_tuning(digits_dir):
+    v = _vision()
+    build = lambda: v.vision_learner(image_dls(v, digits_dir), v.resnet18, pretrained=False)
+    _identical_after_tuning(build, lambda l: l.fit_one_cycle(1, 1e-3), lambda l: l.fit_one_cycle(1, 1e-3), batches=4, warmup=1, max_time=60)
+
+@pytest.mark.apps
+def test_tabular_unchanged_by_tuning():
+    from fastai.tabular.all import TabularDataLoaders, tabular_learner, Categorify, FillMissing, Normalize
+    df = adult_like()
+    def build():
+        dls = TabularDataLoaders.from_df(df, y_names='salary', cat_names=['workclass', 'education'], cont_names=['age', 'hours'],
+                                         procs=[Categorify, FillMissing, Normalize], bs=64, num_workers=0)
+        return tabular_learner(dls, layers=[32, 16])
+    _identical_after_tuning(build, lambda l: l.fit_one_cycle(1, 1e-2), lambda l: l.fit_one_cycle(1, 1e-2), batches=8, warmup=1, max_time=60)
