@@ -8,10 +8,10 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/tune.html.md"""
 __all__ = ['TARGET_SHARE', 'MIN_PREDICTED', 'KNEE', 'HANDOFF', 'SAVES', 'ASKED', 'CHANGES', 'SETTERS', 'TRIAL_COLS', 'KEEP',
            'cores', 'steady_times', 'predict_workers', 'Fix', 'tune_context', 'plan', 'bound_by', 'LearnerState',
            'set_num_workers', 'set_pin_memory', 'set_transforms_device', 'set_optimizer_flag', 'set_channels_last',
-           'set_mixed_precision', 'set_batch_size', 'TrialEnd', 'set_aside', 'run_trial', 'SpeedResult']
+           'set_mixed_precision', 'set_batch_size', 'TrialEnd', 'set_aside', 'run_trial', 'blocked', 'SpeedResult']
 
 # %% ../nbs/17_tune.ipynb #298c8c3a
-import copy, math, os, random, time, warnings
+import copy, gc, math, os, random, time, warnings
 from dataclasses import dataclass, field
 import numpy as np, pandas as pd, torch
 from torch import nn
@@ -313,8 +313,16 @@ def run_trial(learn, batches:int, warmup:int, deadline:float, sync:str='auto'):
     "Profile `learn` training `batches` steady train batches (after `warmup` per loop), no validation: `(SavedProfile, ProfileResult)`"
     learn.profile(show_report=False, warmup=warmup, arrivals=False, logger_callback=None, sync=sync, memory=False)
     epochs = math.ceil(batches/max(1, len(learn.dls.train) - warmup)) + 1
-    with learn.no_logging(): learn.fit(epochs, cbs=TrialEnd(batches, warmup, deadline))
+    try:
+        with learn.no_logging(): learn.fit(epochs, cbs=TrialEnd(batches, warmup, deadline))
+    finally: gc.collect()  # the loader iterator the stop left behind, and its worker processes, go now and not in a later fit
     return profile_of(learn), learn.profile_result
+
+def blocked(prof, b:int):
+    "`prof` with each step's per-batch durations replaced by their means over blocks of `b` batches (the last partial block left out)"
+    if b <= 1: return prof
+    cut = lambda d: d[:len(d)//b*b].reshape(-1, b).mean(1) if isinstance(d, np.ndarray) and len(d) >= 2*b else d
+    return type(prof)(prof.results, prof.metadata, {k: cut(v) for k, v in prof.distributions.items()}, prof.source)
 
 def _per_start_batch(prof, bs0:int):
     "`prof` with its per-batch durations rescaled to `bs0` samples a batch: how a batch-size trial is compared"
@@ -403,7 +411,7 @@ class SpeedResult:
                           f'{self.max_time:g} s budget, and the Learner was put back as it was.'))
         return '\n'.join(lines)
 
-    def __repr__(self): return self.text()
+    def __repr__(self): return f'SpeedResult({self.verdict} {len(self.trials)} configurations; `.show()` prints the table)'
     def show(self, width:int|None=None): print(self.text(width))
 
     def plot(self, ax=None, fname=None):
@@ -488,6 +496,7 @@ def speed_find(self:Learner,
     try:
         with self.removed_cbs(set_aside(self)):
             start, _ = run_trial(self, batches, warmup, deadline, sync)
+            start.workers = ctx0['num_workers'] or 0
             m = _measured(start)
             rows.append(_row(0, None, m, {}, False, 'the configuration as it was', time.monotonic() - t0))
             say(f"speed_find: start: {format_duration(m['Median'])} a batch, {m['Samples/s']:,.0f} samples/s ({m['Batches']} batches)")
@@ -510,21 +519,29 @@ def speed_find(self:Learner,
                     notes.append(f'{f.name}: about {expected:.0f} s needed, {max(0., deadline - t1):.0f} s of the budget left')
                     break
                 say(f'speed_find: trying {f.name} ({f.why}; predicted {format_duration(f.predicted)} a batch)')
-                undo, used = None, used + need
+                undo, used, failed = None, used + need, False
                 try:
                     undo = SETTERS[f.kind](self, f.value)
                     prof, _ = run_trial(self, batches, warmup, deadline, sync)
+                    prof.workers = tune_context(self)['num_workers'] or 0
+                except KeyboardInterrupt:
+                    if undo is not None: undo()
+                    raise
                 except Exception as e:
                     if undo is not None: undo()
                     done.add(f.kind)
                     rows.append(_row(len(rows), f, _measured_none(), {}, False, f'failed: {_brief(e)}', time.monotonic() - t1, best_median))
                     say(f'speed_find: {f.name} failed ({_brief(e)}); the Learner will be put back')
+                    failed = True
+                if failed:  # the exception is gone now, and with it the last hold on the failed loader and its workers
+                    gc.collect()
                     continue
-                s, b, p = (_per_start_batch(x, bs0) for x in (start, best, prof))
-                vs_start = _iteration_row(compare_profiles(s, p, alpha=alpha, min_change=min_change))
-                vs_best = vs_start if best is start else _iteration_row(compare_profiles(b, p, alpha=alpha, min_change=min_change))
+                judge = lambda x, y: _iteration_row(compare_profiles(*(blocked(_per_start_batch(z, bs0), _block(x, y, batches)) for z in (x, y)),
+                                                                     alpha=alpha, min_change=min_change))
+                vs_start = judge(start, prof)
+                vs_best = vs_start if best is start else judge(best, prof)
                 ok = bool(vs_best.get('Significant')) and vs_best.get('Change %', 0) < 0
-                mp = _measured(p)
+                mp = _measured(_per_start_batch(prof, bs0))
                 note = ('kept' if ok else f"{vs_best.get('Change %', math.nan):+.0f}% against the best so far: not significantly faster"
                         if best is not start else 'not significantly faster')
                 if mp['Batches'] < batches: note += f" (cut short by the budget: {mp['Batches']} batches)"
@@ -544,6 +561,10 @@ def speed_find(self:Learner,
     return res
 
 # %% ../nbs/17_tune.ipynb #f338cd7b
+def _block(a, b, batches:int) -> int:
+    "Batches per block when comparing profiles `a` and `b`: as many as the more workers hand over at once, leaving 10 blocks or more"
+    return max(1, min(max(a.workers, b.workers), batches//10))
+
 def _brief(e:BaseException, width:int=160) -> str:
     "`e` in one line: its type and message, the message's first and last lines when it has several (a worker's traceback)"
     lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
