@@ -8,10 +8,9 @@ runs `learn.speed_find()` once and prints its table.
 
     python benchmarks/tune_workers.py                      # 0..3 workers, 5 repeats
 """
-import argparse, math, sys, time, warnings
+import argparse, math, sys, warnings
 from pathlib import Path
 import numpy as np, torch
-from torch import nn
 sys.path.insert(0, str(Path(__file__).parents[1]/'tests'))
 warnings.simplefilter('ignore')
 
@@ -35,7 +34,7 @@ def main():
         for _ in range(a.repeats):
             for k in medians:
                 undo = set_num_workers(learn, k)
-                prof, _ = run_trial(learn, 40, 3, math.inf)
+                prof = run_trial(learn, 40, 3, math.inf)
                 undo()
                 times = steady_times(prof.results)
                 medians[k].append(times)

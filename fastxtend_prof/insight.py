@@ -8,10 +8,10 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/insight.html.md"""
 __all__ = ['DATA_BOUND_SHARE', 'DATA_BOUND_CRITICAL', 'DATA_BOUND_MIN_DRAW', 'STARTUP_RATIO', 'STARTUP_MIN_SHARE',
            'OPT_STEP_RATIO', 'OPT_STEP_MIN_SHARE', 'OPT_STEP_MIN', 'OTHER_SHARE', 'OTHER_MIN', 'UNSTABLE_RATIO',
            'UNSTABLE_MIN_SHARE', 'UNSTABLE_MIN_BATCHES', 'TRANSFER_SHARE', 'TRANSFER_MIN_SHARE', 'TRANSFER_MIN',
-           'TFMS_SHARE', 'TFMS_MIN', 'MEMORY_ROOM', 'MEMORY_NEAR', 'RULES', 'synthetic_run', 'run_context',
-           'data_bound', 'startup', 'host_bound_opt_step', 'heavy_callbacks', 'slow_transfer', 'heavy_transforms',
-           'unstable_steps', 'host_timing', 'memory_near_capacity', 'memory_headroom', 'advise', 'learner_advice',
-           'Advice', 'SEVERITIES', 'show_advice']
+           'TFMS_SHARE', 'TFMS_MIN', 'MEMORY_ROOM', 'MEMORY_NEAR', 'RULES', 'synthetic_run', 'torch_optimizer',
+           'run_context', 'data_bound', 'startup', 'host_bound_opt_step', 'heavy_callbacks', 'slow_transfer',
+           'heavy_transforms', 'unstable_steps', 'host_timing', 'memory_near_capacity', 'memory_headroom', 'advise',
+           'learner_advice', 'Advice', 'SEVERITIES', 'show_advice']
 
 # %% ../nbs/03_insight.ipynb #db59b276
 import math, os, warnings
@@ -122,10 +122,15 @@ def _fn_name(f) -> str:
     while hasattr(f, 'func'): f = f.func  # functools.partial
     return getattr(f, '__name__', type(f).__name__)
 
-def _optimizer_name(learn) -> str|None:
+def torch_optimizer(learn):
+    "The torch optimizer `learn` steps: `learn.opt`, or the one fastai's `OptimWrapper` keeps in `.opt`; None for fastai's own optimizers"
     opt = getattr(learn, 'opt', None)
-    inner = getattr(opt, 'opt', opt)  # fastai's OptimWrapper keeps the torch optimizer in `.opt`
-    if isinstance(inner, torch.optim.Optimizer):
+    inner = getattr(opt, 'opt', opt)
+    return inner if isinstance(inner, torch.optim.Optimizer) else None
+
+def _optimizer_name(learn) -> str|None:
+    inner = torch_optimizer(learn)
+    if inner is not None:
         flags = [k for k in ('foreach', 'fused') if inner.defaults.get(k)]
         return f'torch.optim.{type(inner).__name__}' + (f"({', '.join(f'{k}=True' for k in flags)})" if flags else '')
     f = getattr(learn, 'opt_func', None)

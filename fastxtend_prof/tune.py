@@ -11,8 +11,8 @@ __all__ = ['TARGET_SHARE', 'MIN_PREDICTED', 'KNEE', 'HANDOFF', 'SAVES', 'ASKED',
            'set_mixed_precision', 'set_batch_size', 'TrialEnd', 'set_aside', 'run_trial', 'blocked', 'SpeedResult']
 
 # %% ../nbs/17_tune.ipynb #298c8c3a
-import copy, gc, math, os, random, time, warnings
-from dataclasses import dataclass, field
+import copy, gc, math, os, random, textwrap, time
+from dataclasses import dataclass, field, replace
 import numpy as np, pandas as pd, torch
 from torch import nn
 from scipy import stats
@@ -23,8 +23,10 @@ from fastai.callback.core import Callback, CancelFitException, CancelValidExcept
 from . import events
 from .recorder import Phase, Step, check_int, check_number, SYNC_MODES
 from .report import format_duration, text_table, text_width
-from .compare import compare_profiles, profile_of, ALPHA, MIN_CHANGE, MIN_CALLS, CONFIDENCE
+from .compare import compare_profiles, profile_of, ALPHA, MIN_CHANGE, CONFIDENCE
 from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, _data_parallel
+from .insight import torch_optimizer, _loader_settings
+from .events import train_device
 from .plots import new_axes, save_figure
 
 # %% ../nbs/17_tune.ipynb #89a7b6fd
@@ -80,15 +82,12 @@ class Fix:
 # %% ../nbs/17_tune.ipynb #a1ea046b
 def tune_context(learn) -> dict:
     "What the tuner may change on `learn`: device, cores, the train loader's settings, the optimizer, convolutions, callbacks"
-    dl, model = learn.dls.train, learn.model
-    p = next(iter(model.parameters()), None)
-    device = p.device if p is not None else torch.device('cpu')
-    inner = getattr(getattr(learn, 'opt', None), 'opt', None)  # the torch optimizer inside fastai's OptimWrapper
-    torch_opt = isinstance(inner, torch.optim.Optimizer)
+    dl, model, device, inner = learn.dls.train, learn.model, train_device(learn), torch_optimizer(learn)
+    torch_opt, loader = inner is not None, _loader_settings(dl)
     flag = lambda k: torch_opt and any(bool(g.get(k)) for g in inner.param_groups)
-    fastai_dl = hasattr(dl, 'fake_l')
+    fastai_dl = loader['loader'] == 'fastai'
     return dict(device=device.type, model_device=device, cores=cores(), fastai_loader=fastai_dl,
-                num_workers=dl.fake_l.num_workers if fastai_dl else None, pin_memory=bool(getattr(dl, 'pin_memory', False)),
+                num_workers=loader['num_workers'] if fastai_dl else None, pin_memory=bool(loader['pin_memory']),
                 n_batches=len(dl), bs=getattr(dl, 'bs', None), dls_device=getattr(dl, 'device', None),
                 optimizer=type(inner).__name__ if torch_opt else None, foreach=flag('foreach'), fused=flag('fused'),
                 fused_ok=torch_opt and 'fused' in inner.defaults,
@@ -112,7 +111,7 @@ def plan(times:dict, # `steady_times` of the configuration to improve on
     wait = times.get(Step.WAIT, times.get(Step.DRAW, 0.))
     if 'num_workers' not in done and wait/it >= TARGET_SHARE:
         k0, top = ctx['num_workers'], min(ctx['cores'], ctx['n_batches'])
-        ks = [k for k in sorted({2**i for i in range(12) if 2**i <= top} | {top}) if ctx['fastai_loader'] and k > k0]
+        ks = [k for k in sorted({2**i for i in range(12) if 2**i <= top} | {top}) if k > (k0 or 0)]
         if not ctx['fastai_loader']: notes.append('num_workers: the train loader is not a fastai DataLoader')
         elif not ks: notes.append(f"num_workers: already {k0}, as many as the machine's {ctx['cores']} cores (or the loader's {ctx['n_batches']} batches) allow")
         else:
@@ -131,9 +130,9 @@ def plan(times:dict, # `steady_times` of the configuration to improve on
     if opt/it >= TARGET_SHARE:
         if ctx['optimizer'] is None: notes.append("optimizer step: not a torch optimizer through fastai's OptimWrapper, so foreach/fused can't be switched on")
         else:
-            if 'foreach' not in done and not ctx['foreach'] and not ctx['fused']:
+            if not ctx['foreach'] and not ctx['fused']:
                 fixes.append(Fix('foreach', True, Step.OPT_STEP, it - SAVES['foreach']*opt, f"the optimizer step ({ctx['optimizer']}) is {opt/it:.0%} of the iteration"))
-            if 'fused' not in done and ctx['fused_ok'] and not ctx['fused']:
+            if ctx['fused_ok'] and not ctx['fused']:
                 fixes.append(Fix('fused', True, Step.OPT_STEP, it - SAVES['fused']*opt, f"the optimizer step ({ctx['optimizer']}) is {opt/it:.0%} of the iteration"))
     fb = share(Step.FORWARD, Step.BACKWARD)
     if ctx['conv'] and not ctx['channels_last'] and fb >= TARGET_SHARE:
@@ -221,21 +220,23 @@ class LearnerState:
 # %% ../nbs/17_tune.ipynb #ddfffd7a
 def _loaders(learn): return [dl for dl in learn.dls.loaders if hasattr(dl, 'fake_l')]
 
-def set_num_workers(learn, k:int):
-    "Loader worker processes `k` on every fastai DataLoader of `learn`; returns the undo"
-    old = [(dl, dl.fake_l.num_workers) for dl in _loaders(learn)]
-    for dl, _ in old: dl.fake_l.num_workers = k
+def _assign(objs:list, **values):
+    "Set each of `values` as an attribute of every object of `objs`; returns the undo"
+    old = [(o, {k: getattr(o, k) for k in values}) for o in objs]
+    for o, _ in old:
+        for k, v in values.items(): setattr(o, k, v)
     def undo():
-        for dl, v in old: dl.fake_l.num_workers = v
+        for o, d in old:
+            for k, v in d.items(): setattr(o, k, v)
     return undo
 
+def set_num_workers(learn, k:int):
+    "Loader worker processes `k` on every fastai DataLoader of `learn` (fastai keeps torch's settings on its fake loader); returns the undo"
+    return _assign([dl.fake_l for dl in _loaders(learn)], num_workers=k)
+
 def set_pin_memory(learn, on:bool=True):
-    "`pin_memory=on` on every fastai DataLoader of `learn`; returns the undo"
-    old = [(dl, dl.pin_memory, dl.fake_l.pin_memory) for dl in _loaders(learn)]
-    for dl, *_ in old: dl.pin_memory = dl.fake_l.pin_memory = on
-    def undo():
-        for dl, a, b in old: dl.pin_memory, dl.fake_l.pin_memory = a, b
-    return undo
+    "`pin_memory=on` on every fastai DataLoader of `learn`, which reads it, and on its fake loader, which passes it to torch; returns the undo"
+    return _assign([o for dl in _loaders(learn) for o in (dl, dl.fake_l)], pin_memory=on)
 
 def set_transforms_device(learn, device):
     "Run the batch transforms on `device`: every loader's `device` (fastai applies `after_batch` there); returns the undo"
@@ -279,11 +280,7 @@ def set_mixed_precision(learn, on:bool=True):
 
 def set_batch_size(learn, bs:int):
     "The train loader's batch size `bs`; returns the undo"
-    dl = learn.dls.train
-    old = dl.bs
-    dl.bs = bs
-    def undo(): dl.bs = old
-    return undo
+    return _assign([learn.dls.train], bs=bs)
 
 SETTERS = dict(num_workers=set_num_workers, pin_memory=set_pin_memory, transforms_on_device=set_transforms_device,
                foreach=lambda learn, v: set_optimizer_flag(learn, 'foreach', v), fused=lambda learn, v: set_optimizer_flag(learn, 'fused', v),
@@ -310,42 +307,43 @@ def set_aside(learn) -> list:
             or type(cb).__module__ in _ASIDE_MODULES or type(cb).__name__ in _ASIDE_NAMES]
 
 def run_trial(learn, batches:int, warmup:int, deadline:float, sync:str='auto'):
-    "Profile `learn` training `batches` steady train batches (after `warmup` per loop), no validation: `(SavedProfile, ProfileResult)`"
+    "Profile `learn` training `batches` steady train batches (after `warmup` per loop), no validation: the `SavedProfile`"
     learn.profile(show_report=False, warmup=warmup, arrivals=False, logger_callback=None, sync=sync, memory=False)
     epochs = math.ceil(batches/max(1, len(learn.dls.train) - warmup)) + 1
     try:
         with learn.no_logging(): learn.fit(epochs, cbs=TrialEnd(batches, warmup, deadline))
-    finally: gc.collect()  # the loader iterator the stop left behind, and its worker processes, go now and not in a later fit
-    return profile_of(learn), learn.profile_result
+    finally:  # the loader iterator the stop left behind, and its worker processes, go now and not in a later fit
+        if any(dl.fake_l.num_workers for dl in _loaders(learn)): gc.collect()  # (a full collection costs ~0.1 s: only when there are workers)
+    return profile_of(learn)
 
 def blocked(prof, b:int):
     "`prof` with each step's per-batch durations replaced by their means over blocks of `b` batches (the last partial block left out)"
     if b <= 1: return prof
     cut = lambda d: d[:len(d)//b*b].reshape(-1, b).mean(1) if isinstance(d, np.ndarray) and len(d) >= 2*b else d
-    return type(prof)(prof.results, prof.metadata, {k: cut(v) for k, v in prof.distributions.items()}, prof.source)
+    return replace(prof, distributions={k: cut(v) for k, v in prof.distributions.items()})
 
 def _per_start_batch(prof, bs0:int):
     "`prof` with its per-batch durations rescaled to `bs0` samples a batch: how a batch-size trial is compared"
     bs = prof.metadata.get('batch_size')
     if not bs or bs == bs0: return prof
-    return type(prof)(prof.results, {**prof.metadata, 'batch_size': bs0}, {k: v*(bs0/bs) for k, v in prof.distributions.items()}, prof.source)
+    return replace(prof, metadata={**prof.metadata, 'batch_size': bs0}, distributions={k: v*(bs0/bs) for k, v in prof.distributions.items()})
 
 # %% ../nbs/17_tune.ipynb #c86e40b3
 _KEY = (str(Phase.TRAIN), str(Step.ITERATION))
 TRIAL_COLS = ('Trial', 'Change', 'Changes', 'Target', 'Predicted', 'Median', 'Mean', 'Samples/s', 'Samples/s Low', 'Samples/s High',
               'Predicted %', 'Change %', 'CI Low %', 'CI High %', 'p-value', 'Error %', 'Accepted', 'Batches', 'Seconds', 'Note')
 
-def _measured(prof, confidence:float=CONFIDENCE) -> dict:
-    "A trial's train iteration: median, mean, steady batches, samples/s with the interval of the mean"
-    d = np.asarray(prof.distributions.get(_KEY, []), dtype=float)
-    r = prof.results[(prof.results.Phase == Phase.TRAIN) & (prof.results.Step == Step.ITERATION)]
-    rate = float(r['Samples/Second'].iloc[0]) if len(r) else math.nan
-    if len(d) < 2: return {'Median': float(np.median(d)) if len(d) else math.nan, 'Mean': float(d.mean()) if len(d) else math.nan,
-                           'Batches': len(d), 'Samples/s': rate, 'Samples/s Low': math.nan, 'Samples/s High': math.nan}
-    mean = float(d.mean())
-    hw = float(stats.norm.ppf(0.5 + confidence/2))*float(d.std(ddof=1))/math.sqrt(len(d))
-    return {'Median': float(np.median(d)), 'Mean': mean, 'Batches': len(d), 'Samples/s': rate,
-            'Samples/s Low': rate*mean/(mean + hw), 'Samples/s High': rate*mean/(mean - hw) if mean > hw else math.inf}
+def _measured(prof=None, block:int=1, confidence:float=CONFIDENCE) -> dict:
+    "A trial's train iteration (all NaN without `prof`): median, mean, steady batches, samples/s with the interval of the mean over blocks of `block` batches"
+    d = np.asarray(prof.distributions.get(_KEY, []) if prof is not None else [], dtype=float)
+    r = prof.results[(prof.results.Phase == Phase.TRAIN) & (prof.results.Step == Step.ITERATION)] if prof is not None else []
+    rate, nan = float(r['Samples/Second'].iloc[0]) if len(r) else math.nan, math.nan
+    out = {'Median': float(np.median(d)) if len(d) else nan, 'Mean': float(d.mean()) if len(d) else nan, 'Batches': len(d),
+           'Samples/s': rate, 'Samples/s Low': nan, 'Samples/s High': nan}
+    blocks = blocked(replace(prof, distributions={_KEY: d}), block).distributions[_KEY] if len(d) >= 2 else d
+    if len(blocks) < 2: return out
+    mean, hw = out['Mean'], float(stats.norm.ppf(0.5 + confidence/2))*float(blocks.std(ddof=1))/math.sqrt(len(blocks))
+    return {**out, 'Samples/s Low': rate*mean/(mean + hw), 'Samples/s High': rate*mean/(mean - hw) if mean > hw else math.inf}
 
 def _iteration_row(cmp) -> dict:
     r = cmp[(cmp.Phase == Phase.TRAIN) & (cmp.Step == Step.ITERATION)]
@@ -402,7 +400,6 @@ class SpeedResult:
                            'p': t['p-value'].map(lambda v: '' if v != v else f'{v:.2g}'),
                            'Kept': ['' if i == 0 else 'yes' if a else 'no' for i, a in zip(t.Trial, t.Accepted)], 'Note': t.Note})
         width = width or text_width()
-        import textwrap
         fill = lambda s: textwrap.fill(s, width, subsequent_indent='    ')
         lines = [fill('speed_find: ' + self.verdict), text_table(df, list(df.columns), {})]
         lines += [fill(f'not tried: {n}') for n in self.notes]
@@ -495,9 +492,9 @@ def speed_find(self:Learner,
     rows, fixes, notes, undos, used, start = [], [], [], [], 0, None
     try:
         with self.removed_cbs(set_aside(self)):
-            start, _ = run_trial(self, batches, warmup, deadline, sync)
+            start = run_trial(self, batches, warmup, deadline, sync)
             start.workers = ctx0['num_workers'] or 0
-            m = _measured(start)
+            m = _measured(start, _block(batches, start))
             rows.append(_row(0, None, m, {}, False, 'the configuration as it was', time.monotonic() - t0))
             say(f"speed_find: start: {format_duration(m['Median'])} a batch, {m['Samples/s']:,.0f} samples/s ({m['Batches']} batches)")
             overhead = max(0., rows[0]['Seconds'] - (warmup + m['Batches'])*m['Mean']) if m['Batches'] else 0.
@@ -522,7 +519,7 @@ def speed_find(self:Learner,
                 undo, used, failed = None, used + need, False
                 try:
                     undo = SETTERS[f.kind](self, f.value)
-                    prof, _ = run_trial(self, batches, warmup, deadline, sync)
+                    prof = run_trial(self, batches, warmup, deadline, sync)
                     prof.workers = tune_context(self)['num_workers'] or 0
                 except KeyboardInterrupt:
                     if undo is not None: undo()
@@ -530,18 +527,18 @@ def speed_find(self:Learner,
                 except Exception as e:
                     if undo is not None: undo()
                     done.add(f.kind)
-                    rows.append(_row(len(rows), f, _measured_none(), {}, False, f'failed: {_brief(e)}', time.monotonic() - t1, best_median))
+                    rows.append(_row(len(rows), f, _measured(), {}, False, f'failed: {_brief(e)}', time.monotonic() - t1, best_median))
                     say(f'speed_find: {f.name} failed ({_brief(e)}); the Learner will be put back')
                     failed = True
                 if failed:  # the exception is gone now, and with it the last hold on the failed loader and its workers
                     gc.collect()
                     continue
-                judge = lambda x, y: _iteration_row(compare_profiles(*(blocked(_per_start_batch(z, bs0), _block(x, y, batches)) for z in (x, y)),
+                judge = lambda x, y: _iteration_row(compare_profiles(*(blocked(_per_start_batch(z, bs0), _block(batches, x, y)) for z in (x, y)),
                                                                      alpha=alpha, min_change=min_change))
                 vs_start = judge(start, prof)
                 vs_best = vs_start if best is start else judge(best, prof)
                 ok = bool(vs_best.get('Significant')) and vs_best.get('Change %', 0) < 0
-                mp = _measured(_per_start_batch(prof, bs0))
+                mp = _measured(_per_start_batch(prof, bs0), _block(batches, prof))
                 note = ('kept' if ok else f"{vs_best.get('Change %', math.nan):+.0f}% against the best so far: not significantly faster"
                         if best is not start else 'not significantly faster')
                 if mp['Batches'] < batches: note += f" (cut short by the budget: {mp['Batches']} batches)"
@@ -561,9 +558,9 @@ def speed_find(self:Learner,
     return res
 
 # %% ../nbs/17_tune.ipynb #f338cd7b
-def _block(a, b, batches:int) -> int:
-    "Batches per block when comparing profiles `a` and `b`: as many as the more workers hand over at once, leaving 10 blocks or more"
-    return max(1, min(max(a.workers, b.workers), batches//10))
+def _block(batches:int, *profs) -> int:
+    "Batches per block for the statistics of `profs`: as many as the most workers among them hand over at once, leaving 10 blocks or more"
+    return max(1, min(max(p.workers for p in profs), batches//10))
 
 def _brief(e:BaseException, width:int=160) -> str:
     "`e` in one line: its type and message, the message's first and last lines when it has several (a worker's traceback)"
@@ -571,5 +568,3 @@ def _brief(e:BaseException, width:int=160) -> str:
     msg = lines[0] if len(lines) < 2 else f'{lines[0]} ... {lines[-1]}'
     out = f'{type(e).__name__}: {msg}' if msg else type(e).__name__
     return out if len(out) <= width else out[:width - 3] + '...'
-
-def _measured_none() -> dict: return {'Median': math.nan, 'Mean': math.nan, 'Batches': 0, 'Samples/s': math.nan, 'Samples/s Low': math.nan, 'Samples/s High': math.nan}
