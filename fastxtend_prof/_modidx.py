@@ -851,4 +851,5 @@ d = { 'settings': { 'branch': 'main',
                                      'fastxtend_prof.tune.set_transforms_device': ( 'tune.html#set_transforms_device',
                                                                                     'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune.steady_times': ('tune.html#steady_times', 'fastxtend_prof/tune.py'),
-                                     'fastxtend_prof.tune.tune_context': ('tune.html#tune_context', 'fastxtend_prof/tune.py')}}}
+                                     'fastxtend_prof.tune.tune_context': ('tune.html#tune_context', 'fastxtend_prof/tune.py'),
+                                     'fastxtend_prof.tune.without_last': ('tune.html#without_last', 'fastxtend_prof/tune.py')}}}

@@ -8,7 +8,8 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/tune.html.md"""
 __all__ = ['TARGET_SHARE', 'MIN_PREDICTED', 'KNEE', 'HANDOFF', 'SAVES', 'ASKED', 'CHANGES', 'SETTERS', 'TRIAL_COLS', 'KEEP',
            'cores', 'steady_times', 'predict_workers', 'Fix', 'tune_context', 'plan', 'bound_by', 'LearnerState',
            'set_num_workers', 'set_pin_memory', 'set_transforms_device', 'set_optimizer_flag', 'set_channels_last',
-           'set_mixed_precision', 'set_batch_size', 'TrialEnd', 'set_aside', 'run_trial', 'blocked', 'SpeedResult']
+           'set_mixed_precision', 'set_batch_size', 'TrialEnd', 'set_aside', 'run_trial', 'without_last', 'blocked',
+           'SpeedResult']
 
 # %% ../nbs/17_tune.ipynb #298c8c3a
 import copy, gc, math, os, random, textwrap, time
@@ -288,14 +289,14 @@ SETTERS = dict(num_workers=set_num_workers, pin_memory=set_pin_memory, transform
 
 # %% ../nbs/17_tune.ipynb #598af88d
 class TrialEnd(Callback):
-    "Ends a trial fit: validation is skipped, and the fit stops after `batches` steady train batches or at `deadline`"
+    "Ends a trial fit: validation is skipped, and the fit stops after `batches` steady train batches and one more (see `run_trial`), or at `deadline`"
     order = 1000  # after every callback's `after_batch`, the profiler's and fastai's Recorder's included
     def __init__(self, batches:int, warmup:int, deadline:float): self.batches, self.warmup, self.deadline, self.steady = batches, warmup, deadline, 0
     def before_validate(self): raise CancelValidException()
     def after_batch(self):
         if not self.learn.training: return
         if self.learn.iter >= self.warmup: self.steady += 1
-        if self.steady >= self.batches or time.monotonic() >= self.deadline: raise CancelFitException()
+        if self.steady > self.batches or time.monotonic() >= self.deadline: raise CancelFitException()
 
 _ASIDE_MODULES = ('fastai.callback.tracker', 'fastai.callback.wandb', 'fastai.callback.tensorboard', 'fastai.callback.comet',
                   'fastai.callback.neptune', 'fastai.callback.azureml', 'fastai.callback.mlflow', 'fastai.callback.captum')
@@ -307,14 +308,19 @@ def set_aside(learn) -> list:
             or type(cb).__module__ in _ASIDE_MODULES or type(cb).__name__ in _ASIDE_NAMES]
 
 def run_trial(learn, batches:int, warmup:int, deadline:float, sync:str='auto'):
-    "Profile `learn` training `batches` steady train batches (after `warmup` per loop), no validation: the `SavedProfile`"
+    "Profile `learn` training `batches` steady train batches (after `warmup` per loop, before the last), no validation: the `SavedProfile`"
     learn.profile(show_report=False, warmup=warmup, arrivals=False, logger_callback=None, sync=sync, memory=False)
     epochs = math.ceil(batches/max(1, len(learn.dls.train) - warmup)) + 1
     try:
         with learn.no_logging(): learn.fit(epochs, cbs=TrialEnd(batches, warmup, deadline))
     finally:  # the loader iterator the stop left behind, and its worker processes, go now and not in a later fit
         if any(dl.fake_l.num_workers for dl in _loaders(learn)): gc.collect()  # (a full collection costs ~0.1 s: only when there are workers)
-    return profile_of(learn)
+    return without_last(profile_of(learn))
+
+def without_last(prof):
+    "`prof` without its last train batch: the one the stop cut, whose time runs on through the loader's teardown (its workers' shutdown)"
+    train = str(Phase.TRAIN)
+    return replace(prof, distributions={k: v[:-1] if k[0] == train and isinstance(v, np.ndarray) else v for k, v in prof.distributions.items()})
 
 def blocked(prof, b:int):
     "`prof` with each step's per-batch durations replaced by their means over blocks of `b` batches (the last partial block left out)"
@@ -337,7 +343,8 @@ def _measured(prof=None, block:int=1, confidence:float=CONFIDENCE) -> dict:
     "A trial's train iteration (all NaN without `prof`): median, mean, steady batches, samples/s with the interval of the mean over blocks of `block` batches"
     d = np.asarray(prof.distributions.get(_KEY, []) if prof is not None else [], dtype=float)
     r = prof.results[(prof.results.Phase == Phase.TRAIN) & (prof.results.Step == Step.ITERATION)] if prof is not None else []
-    rate, nan = float(r['Samples/Second'].iloc[0]) if len(r) else math.nan, math.nan
+    bs, nan = prof.metadata.get('batch_size') if prof is not None else None, math.nan
+    rate = bs/float(d.mean()) if bs and len(d) else float(r['Samples/Second'].iloc[0]) if len(r) else nan  # of the batches the statistics keep
     out = {'Median': float(np.median(d)) if len(d) else nan, 'Mean': float(d.mean()) if len(d) else nan, 'Batches': len(d),
            'Samples/s': rate, 'Samples/s Low': nan, 'Samples/s High': nan}
     blocks = blocked(replace(prof, distributions={_KEY: d}), block).distributions[_KEY] if len(d) >= 2 else d
@@ -435,8 +442,8 @@ def _check_find(max_time, max_batches, batches, warmup, allow, sync, alpha, min_
     check_number('max_time', max_time, 0, why='seconds the whole search may take', open_lo=True)
     check_int('batches', batches, 2, 'steady train batches per trial')
     check_int('warmup', warmup, 0, 'leading train batches of each loop left out of a trial')
-    if max_batches is not None and check_int('max_batches', max_batches, 1, 'train batches of all trials together') < warmup + batches:
-        raise ValueError(f'`max_batches` ({max_batches}) must leave room for at least the first measurement: warmup + batches = {warmup + batches}')
+    if max_batches is not None and check_int('max_batches', max_batches, 1, 'train batches of all trials together') < warmup + batches + 1:
+        raise ValueError(f'`max_batches` ({max_batches}) must leave room for at least the first measurement: warmup + batches + the last one = {warmup + batches + 1}')
     allow = (allow,) if isinstance(allow, str) else tuple(allow)
     bad = [a for a in allow if a not in ASKED]
     if bad: raise ValueError(f'`allow` takes {", ".join(map(repr, ASKED))}; got {", ".join(map(repr, bad))}')
@@ -498,7 +505,7 @@ def speed_find(self:Learner,
             rows.append(_row(0, None, m, {}, False, 'the configuration as it was', time.monotonic() - t0))
             say(f"speed_find: start: {format_duration(m['Median'])} a batch, {m['Samples/s']:,.0f} samples/s ({m['Batches']} batches)")
             overhead = max(0., rows[0]['Seconds'] - (warmup + m['Batches'])*m['Mean']) if m['Batches'] else 0.
-            used, best, bs0, done = warmup + batches, start, ctx0['bs'] or 1, set()
+            used, best, bs0, done = warmup + batches + 1, start, ctx0['bs'] or 1, set()
             if m['Batches'] < 2: notes.append(f'the budget ({max_time:g} s) ran out during the first measurement: raise `max_time`')
             while m['Batches'] >= 2:
                 todo, why_not = plan(steady_times(best.results), tune_context(self), allow, done)
@@ -507,7 +514,7 @@ def speed_find(self:Learner,
                     break
                 f, t1 = todo[0], time.monotonic()
                 best_median = float(np.median(_per_start_batch(best, bs0).distributions[_KEY]))
-                need = (warmup + batches)
+                need = warmup + batches + 1
                 if max_batches is not None and used + need > max_batches:
                     notes.append(f'{f.name}: `max_batches` ({max_batches}) is used up')
                     break
