@@ -20,8 +20,9 @@ from .recorder import Relay
 from .loggers import Logger, register_logger
 from .compare import compare_profiles, show_comparison, plot_comparison, load_profile
 from .tune import SpeedResult, LearnerState  # and `Learner.speed_find`
+from .flops import FlopProfile, what_if, measure_peak, amdahl
 __all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'ProfileResult', 'ProfileMode', 'recorder_results', 'format_report', 'show_report',
            'report_markdown', 'report_text', 'format_duration', 'save_results', 'save_json', 'load_json', 'run_metadata',
            'plot_profile', 'plot_timeline', 'timeline_frame', 'save_plots', 'Advice', 'advise', 'learner_advice', 'show_advice',
            'RULES', 'Logger', 'register_logger', 'compare_profiles', 'show_comparison', 'plot_comparison', 'load_profile', 'Relay',
-           'SpeedResult', 'LearnerState']
+           'SpeedResult', 'LearnerState', 'FlopProfile', 'what_if', 'measure_peak', 'amdahl']

@@ -22,6 +22,7 @@ from .recorder import (
     device_view, fold, phase_intervals, TRAIN_PARTS)
 from .report import read_json_doc, results_of_doc, run_metadata, format_duration, text_table, text_width
 from .advice import Advice
+from .flops import flops_metadata
 from .plots import SEGMENT_COLORS, segment_times, new_axes, duration_ticks, save_figure
 
 # %% ../nbs/08_compare.ipynb #57f9b0b8
@@ -89,6 +90,8 @@ def profile_of(learn) -> SavedProfile:
     if r is None: raise ValueError('this Learner has no profile yet: call `learn.profile()` and fit, then compare')
     meta, mem = run_metadata(learn, r.recorder.warmup, r.sync), getattr(r, 'memory', None)
     if mem is not None: meta['memory'] = dict(device=mem.device, model=mem.model, capacity_bytes=mem.capacity, fit_peak_bytes=mem.fit_peak, every=mem.every)
+    fl = getattr(r, 'flops', None)
+    if fl is not None: meta['flops'] = flops_metadata(fl)
     return SavedProfile(r.results, meta, step_distributions(r.recorder), 'this Learner')
 
 def as_profile(x, name:str='profile') -> SavedProfile:
@@ -131,8 +134,10 @@ HEADLINE = (Phase.TRAIN, Step.ITERATION)  # the row the verdict leads with and t
 _CHECKED = (('batch_size', 'batch size'), ('device', 'device'), ('device_name', 'device model'), ('sync', 'timing mode (sync)'),
             ('warmup', 'warmup'), ('fastai', 'fastai'), ('torch', 'torch'))
 
-def _samples_per_second(results, phase, step) -> float:
-    r = results[(results.Phase == phase) & (results.Step == step)]['Samples/Second']
+def _samples_per_second(results, phase, step, col:str='Samples/Second') -> float:
+    "The `col` of (`phase`, `step`) in `results`: NaN where the row or the column is missing"
+    if col not in results: return math.nan
+    r = results[(results.Phase == phase) & (results.Step == step)][col]
     return float(r.iloc[0]) if len(r) else math.nan
 
 def comparability(base:SavedProfile, new:SavedProfile) -> list:
@@ -160,7 +165,8 @@ def _row(b:SavedProfile, n:SavedProfile, phase, action, step, alpha, min_change,
         st = {'Base Mean': mb, 'New Mean': mn, 'Change %': 100*(mn/mb - 1) if mb > 0 else math.nan, 'Test': ''}
     sig = bool(st['Test'] and _clear(st['p-value'], st['CI Low %'], st['CI High %'], alpha) and abs(st['Change %']) >= min_change)
     return dict(Phase=phase, Action=action, Step=step, **st, **{'Base Samples/s': _samples_per_second(b.results, phase, step),
-                'New Samples/s': _samples_per_second(n.results, phase, step), 'Significant': sig})
+                'New Samples/s': _samples_per_second(n.results, phase, step), 'Significant': sig,
+                'Base MFU': _samples_per_second(b.results, phase, step, 'MFU'), 'New MFU': _samples_per_second(n.results, phase, step, 'MFU')})
 
 def _of_iteration(cmp:pd.DataFrame) -> pd.Series:
     "Each row's change of mean in percent of its phase's base iteration mean (NaN where the phase has no iteration row)"
@@ -168,7 +174,7 @@ def _of_iteration(cmp:pd.DataFrame) -> pd.Series:
     return 100*(cmp['New Mean'] - cmp['Base Mean'])/cmp.Phase.map(it)
 
 COMPARE_COLS = ('Phase', 'Action', 'Step', 'Base Mean', 'New Mean', 'Change %', 'CI Low %', 'CI High %', 'Of Iteration %', 'Base Median', 'New Median',
-                'Base Calls', 'New Calls', 'Base Samples/s', 'New Samples/s', 'p-value', 'Test', 'Significant', 'Result')
+                'Base Calls', 'New Calls', 'Base Samples/s', 'New Samples/s', 'p-value', 'Test', 'Significant', 'Result', 'Base MFU', 'New MFU')
 
 def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_json=True)`, a `SavedProfile` or a profiled Learner
                      new, # The run to judge, in any of the same forms
@@ -207,6 +213,7 @@ def comparison_verdict(cmp:pd.DataFrame) -> str:
     it, level = t.loc[Step.ITERATION], cmp.attrs.get('confidence', CONFIDENCE)
     ch, lo, hi = it['Change %'], it['CI Low %'], it['CI High %']
     speed = f", {it['Base Samples/s']:,.0f} → {it['New Samples/s']:,.0f} samples/s" if it['Base Samples/s'] == it['Base Samples/s'] else ''
+    if it['Base MFU'] == it['Base MFU'] and it['New MFU'] == it['New MFU']: speed += f", MFU {it['Base MFU']:.1%} → {it['New MFU']:.1%}"
     ci = f'{level:.0%} CI {_pct(lo)} to {_pct(hi)}' if lo == lo else 'untested'
     if it['Significant']: head = f"train iteration {abs(ch):.0f}% {'faster' if ch < 0 else 'slower'} ({_pct(ch)} time, {ci}{speed})"
     else: head = f'train iteration: no significant change ({_pct(ch)} time, {ci}{speed})'

@@ -8,10 +8,10 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/insight.html.md"""
 __all__ = ['DATA_BOUND_SHARE', 'DATA_BOUND_CRITICAL', 'DATA_BOUND_MIN_DRAW', 'STARTUP_RATIO', 'STARTUP_MIN_SHARE',
            'OPT_STEP_RATIO', 'OPT_STEP_MIN_SHARE', 'OPT_STEP_MIN', 'OTHER_SHARE', 'OTHER_MIN', 'UNSTABLE_RATIO',
            'UNSTABLE_MIN_SHARE', 'UNSTABLE_MIN_BATCHES', 'TRANSFER_SHARE', 'TRANSFER_MIN_SHARE', 'TRANSFER_MIN',
-           'TFMS_SHARE', 'TFMS_MIN', 'MEMORY_ROOM', 'MEMORY_NEAR', 'RULES', 'synthetic_run', 'torch_optimizer',
-           'run_context', 'data_bound', 'startup', 'host_bound_opt_step', 'heavy_callbacks', 'slow_transfer',
-           'heavy_transforms', 'unstable_steps', 'host_timing', 'memory_near_capacity', 'memory_headroom', 'advise',
-           'learner_advice', 'Advice', 'SEVERITIES', 'show_advice']
+           'TFMS_SHARE', 'TFMS_MIN', 'MEMORY_ROOM', 'MEMORY_NEAR', 'RULES', 'COVERS', 'synthetic_run',
+           'torch_optimizer', 'run_context', 'data_bound', 'startup', 'host_bound_opt_step', 'heavy_callbacks',
+           'slow_transfer', 'heavy_transforms', 'unstable_steps', 'host_timing', 'memory_near_capacity',
+           'memory_headroom', 'advise', 'learner_advice', 'Advice', 'SEVERITIES', 'show_advice']
 
 # %% ../nbs/03_insight.ipynb #db59b276
 import math, os, warnings
@@ -24,6 +24,7 @@ from .advice import Advice, SEVERITIES, show_advice
 from .report import format_duration, results_frame
 from .events import train_device
 from .memory import format_bytes, batch_estimate, MEMORY_TARGET
+from .flops import biggest_gain, low_mfu
 _all_ = ['Advice', 'SEVERITIES', 'show_advice']  # their home is `advice`; `from fastxtend_prof.insight import Advice` keeps working
 
 # %% ../nbs/03_insight.ipynb #d8f9ac99
@@ -388,7 +389,9 @@ def memory_headroom(results:pd.DataFrame, rec:TimingRecorder|None, ctx:dict) -> 
 
 # %% ../nbs/03_insight.ipynb #c3ed9c9f
 RULES = [data_bound, slow_transfer, heavy_transforms, startup, host_bound_opt_step, heavy_callbacks, unstable_steps, host_timing,
-         memory_near_capacity, memory_headroom]
+         memory_near_capacity, memory_headroom, low_mfu, biggest_gain]
+COVERS = dict(data_bound=(Step.WAIT, Step.DRAW), slow_transfer=(Step.TRANSFER,), heavy_transforms=(Step.TRANSFORMS,),
+              host_bound_opt_step=(Step.OPT_STEP,), heavy_callbacks=(Step.OTHER,))  # the steps each rule speaks for: `biggest_gain` does not repeat them
 
 def advise(results:pd.DataFrame, # `learn.simple_profile_results`
            rec:TimingRecorder|None=None, # The profile's recorder, for per-batch rules
@@ -402,6 +405,8 @@ def advise(results:pd.DataFrame, # `learn.simple_profile_results`
         try: out += rule(results, rec, ctx or {})
         except Exception as e: warnings.warn(f'insight rule `{getattr(rule, "__name__", rule)}` failed and was skipped: {e!r}')
     out += list(extra)
+    covered = {str(s) for a in out for s in COVERS.get(a.rule, ())}
+    out = [a for a in out if not (a.rule == 'biggest_gain' and a.evidence.get('step') in covered)]
     return sorted(out, key=lambda a: SEVERITIES.index(a.severity))
 
 # %% ../nbs/03_insight.ipynb #93f43d2c
@@ -411,6 +416,7 @@ def learner_advice(learn, # A Learner after a profiled fit
                    sync:str|None=None, # The timing mode the profile used; default the last profile's
                    trace:dict|None=None, # A trace window's results, for its anti-pattern findings; default the last profile's
                    memory=None, # The fit's `MemoryProfile`, for the memory rules; default the last profile's
+                   flops=None, # The fit's `FlopProfile`, for the MFU and gain rules; default the last profile's
                    show:bool=True, # Print the advice
                   ) -> list:
     "The advice on `learn`'s last profiled fit (or on the `results`, `rec`, `sync`, `trace` and `memory` given); `show` prints it"
@@ -421,7 +427,8 @@ def learner_advice(learn, # A Learner after a profiled fit
         sync = last.sync if sync is None else sync
         trace = last.trace if trace is None else trace
         memory = last.memory if memory is None else memory
+        flops = getattr(last, 'flops', None) if flops is None else flops
     rows = device_view(rec) if isinstance(rec, EventRecorder) else rec  # the rows `results` were made from
-    advice = advise(results, rows, {**run_context(learn, sync), 'memory': memory}, extra=(trace or {}).get('anti_patterns', ()))
+    advice = advise(results, rows, {**run_context(learn, sync), 'memory': memory, 'flops': flops}, extra=(trace or {}).get('anti_patterns', ()))
     if show: show_advice(advice)
     return advice

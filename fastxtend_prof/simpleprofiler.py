@@ -38,6 +38,7 @@ from .distributed import gather_profile, format_merged, straggler_advice, dist_i
 from .arrivals import ArrivalWatch, arrival_table, arrival_advice, arrival_text, with_comm_wait, drop_waiting
 from .memory import MemoryTap, MemoryProfile, MEMORY_EVERY, check_memory, make_memory, with_memory, memory_text
 from .loggers import LoggerHub, check_logger_callback, check_log_every, fix_fastai_wandb
+from .flops import FlopCounter, FlopProfile, LIVE_NAMES, compute_dtype, epoch_values, flop_profile, flops_text, live_cells, measure_peak, what_if, with_flops
 
 # %% ../nbs/09_simpleprofiler.ipynb #77c1f993
 def _check_bool(name, v):
@@ -57,6 +58,9 @@ def _check_options(opts:dict, kinds:dict):
     check_memory(opts['memory'], opts['memory_every'])
     if opts['sync'] not in SYNC_MODES: raise ValueError(f'`sync` must be one of {", ".join(map(repr, SYNC_MODES))}, got {opts["sync"]!r}')
     check_int('warmup', opts['warmup'], 0, 'leading batches per epoch left out of the statistics')
+    pf = opts['peak_flops']
+    if pf is not None and (isinstance(pf, bool) or not isinstance(pf, (int, float)) or not 1e9 <= pf < float('inf')):  # below a GFLOP/s: TFLOP/s given by mistake
+        raise ValueError(f'`peak_flops` must be the device\'s peak in FLOP/s, at least 1e9 (989e12 for an H100 in bf16, not 989), or None; got {pf!r}')
     obs = opts['observers']
     if not isinstance(obs, (list, tuple)) or not all(map(callable, obs)): raise ValueError(f'`observers` must be relays (`Relay` subclasses or callables taking the next object), got {obs!r}')
 
@@ -75,12 +79,13 @@ class FitSession(Relay):
         keep_open:bool=False, # Record every fit until closed (`learn.profiling()`), not only the first
         memory_note:str='', # Why memory is not tracked, when no `MemoryTap` is in the chain
         arrivals:ArrivalWatch|None=None, # On a rank of a process group: when this rank arrives at the ranks' sync points
+        live:bool=False, # Show samples/s, the data wait and MFU in fastai's epoch table
     ):
         chain, self.observers = rec, []
         for make in observers: chain = make(chain); self.observers.append(chain)
         super().__init__(chain)  # each mark is the front observer's (or the recorder's) own method: the session adds no call
         self.mode, self.note, self.hub, self.count, self.pair, self.memory_note = mode, note, hub, count, tuple(pair), memory_note
-        self.arrivals = arrivals
+        self.arrivals, self.live, self.live_values, self.live_undo = arrivals, live, {}, None
         self.keep_open, self.fits, self.in_fit = keep_open, 1, True  # in_fit: between a fit's start and its end
 
     def find(self, cls):
@@ -91,6 +96,8 @@ class FitSession(Relay):
     @property
     def memory(self) -> MemoryTap|None: return self.find(MemoryTap)
     @property
+    def flops(self) -> FlopCounter|None: return self.find(FlopCounter)
+    @property
     def trace_result(self) -> dict|None:
         "The trace window's results once the fit has stopped (None without a window)"
         return None if self.trace is None else self.trace.result
@@ -98,7 +105,8 @@ class FitSession(Relay):
 class _IdleSession:
     "The null session the callbacks hold between fits: nothing is recorded and every mark of `MARKS` does nothing"
     active = count = False
-    rec = hub = trace = trace_result = memory = arrivals = None
+    rec = hub = trace = trace_result = memory = arrivals = flops = live_undo = None
+    live, live_values = False, {}
     mode, note, pair, keep_open, fits, in_fit, memory_note = 'none', '', (), False, 0, False, ''
 for _m in MARKS: setattr(_IdleSession, _m, staticmethod(noop))
 _IdleSession.marker = staticmethod(lambda name, *args: noop)  # every mark, as a callable: does nothing
@@ -189,6 +197,9 @@ class SimpleProfilerCallback(_ProfilerPair):
         memory_every:int=MEMORY_EVERY, # Read the allocator on every this many batches (the first of each loop included)
         observers:list=(), # More relays in front of the chain of marks (`Relay` subclasses, or callables taking the next object): your own observers
         arrivals:bool=True, # On the ranks of a DDP fit: time when each rank reaches the gradient all-reduce (a DDP communication hook) and name the rank the others wait for
+        flops:bool=True, # Count the FLOPs of one train batch per batch shape (set apart from the statistics) for FLOP/s and MFU per step
+        peak_flops:float|None=None, # The device's peak FLOP/s for the datasheet MFU, where the built-in table has none (or to override it)
+        live:bool=False, # Add samples/s, the share of time waiting for data and MFU to fastai's epoch table, at each epoch's end
     ):
         opts = {k: v for k, v in locals().items() if k != 'self'}
         _check_options(opts, SimpleProfilerCallback.__init__.__annotations__)
@@ -205,6 +216,7 @@ class SimpleProfilerCallback(_ProfilerPair):
             return
         if s.active:  # a later fit inside `learn.profiling()`: into the same session and report
             s.fits, s.in_fit = s.fits + 1, True
+            if s.live: s.live_undo = _live_on(self.learn, s)
             return s.start(Step.FIT)
         if self._files is None: self.settle_files(self.learn.path)  # a pair attached by hand: checked now, before training
         post = _partner(self.learn, SimpleProfilerPostCallback)
@@ -219,10 +231,14 @@ class SimpleProfilerCallback(_ProfilerPair):
         mem, why = make_memory(self.memory, device)
         observers = [*([partial(TraceObserver, window=TraceWindow(**{**self._trace, 'path': self._files['trace']}))] if self._trace else []),
                      *([partial(MemoryTap, memory=mem, every=self.memory_every, device=str(device))] if mem is not None else []),
+                     *([partial(FlopCounter, learn=self.learn)] if self.flops else []),
                      *self.observers]  # the chain of marks, innermost first: a new observer is one more entry
         s = FitSession(rec=rec, observers=observers, mode=mode, note=note, count=post.samples_per_second, pair=(self, post),
                        hub=LoggerHub.create(self.learn, self.logger_callback, self.log_every), keep_open=self._until_closed, memory_note=why,
-                       arrivals=ArrivalWatch(rec) if self.arrivals and _data_parallel() else None)
+                       arrivals=ArrivalWatch(rec) if self.arrivals and _data_parallel() else None, live=self.live)
+        if self.live:
+            if self.flops: _live_peak(self.learn, device)  # the MFU column's denominator, measured now: before the fit's timings
+            s.live_undo = _live_on(self.learn, s)
         s.start(Step.FIT)
         return s
 
@@ -293,8 +309,62 @@ class SimpleProfilerPostCallback(_ProfilerPair):
         if s.hub is None and self._events: self._events['after_batch'] = s.marker('end_batch')
     def after_train(self): self._session.end_phase()
     def after_validate(self): self._session.end_phase()
-    def after_epoch(self): self._session.stop(Step.EPOCH)
+    def after_epoch(self):
+        s = self._session
+        s.stop(Step.EPOCH)
+        if s.live: s.live_values = _live_values(s)
     def after_fit(self): self._session.stop(Step.FIT)
+
+def _progress_bar(learn):
+    "fastai's `ProgressCallback` attached to `learn` and running, or None (looked up: this module doesn't import fastai's progress bar)"
+    prog = sys.modules.get('fastai.callback.progress')
+    return None if prog is None else next((cb for cb in learn.cbs if isinstance(cb, prog.ProgressCallback) and cb.run), None)
+
+def _live_on(learn, session):
+    "Show `LIVE_NAMES` in fastai's epoch table: through the progress bar's writer, else `learn.logger` (`learn.no_bar()`); returns the undo"
+    def extend(write, header=False):
+        said = [not header]  # without a progress bar fastai prints no header: this prints one above the first epoch
+        def live_write(log):
+            r = getattr(learn, 'recorder', None)
+            if r is not None and log is getattr(r, 'metric_names', None): log = log + list(LIVE_NAMES)
+            elif r is not None and log is getattr(r, 'log', None):
+                if not said[0]: said[0] = True; write(r.metric_names + list(LIVE_NAMES))
+                log = log + live_cells(session.live_values)
+            return write(log)
+        return live_write
+    bar = _progress_bar(learn)
+    if bar is not None:
+        bar._write_stats = extend(bar._write_stats)  # fastai's ProgressCallback writes the header and each epoch's row with it
+        return lambda: bar.__dict__.pop('_write_stats', None)
+    if learn.logger is noop: return None  # `learn.no_logging()`: nothing is shown
+    own = learn.logger
+    learn.logger = mine = extend(own, header=True)
+    def undo():
+        if learn.__dict__.get('logger') is mine: learn.logger = own
+    return undo
+
+def _live_off(session):
+    "Take the live columns off fastai's table"
+    undo, session.live_undo = session.live_undo, None
+    if undo is not None: undo()
+
+def _live_peak(learn, device):
+    "Measure the peak the MFU column divides by (cached per device and type); a failure leaves the column empty"
+    try: measure_peak(device, compute_dtype(learn, device))
+    except Exception as e: warnings.warn(f'Simple Profiler: the peak FLOP/s could not be measured, so the live MFU is left out: {e!r}')
+
+def _live_values(session) -> dict:
+    "The epoch's live values (`epoch_values`); a failure leaves them out, never the fit"
+    try:
+        fc = session.flops
+        prof = None
+        if fc is not None and fc.counts:
+            dev = events.train_device(fc.learn)
+            prof = fc.profile(measured_peak=measure_peak(dev, compute_dtype(fc.learn, dev)))  # cached: measured before the fit
+        return epoch_values(session.rec, prof)
+    except Exception as e:
+        warnings.warn(f'Simple Profiler: the live values could not be worked out: {e!r}')
+        return {}
 
 # %% ../nbs/09_simpleprofiler.ipynb #91af3e88
 def folded_recorder(rec:TimingRecorder) -> TimingRecorder:
@@ -326,6 +396,8 @@ class ProfileResult:
     memory:MemoryProfile|None=None # The fit's memory per step (`learn.profile_memory`): None on a cpu, with `memory=False`, or from before memory was tracked
     memory_note:str='' # Why memory is not tracked, when `memory` is None
     arrivals:pd.DataFrame|None=None # Rank 0 of a data-parallel fit: which rank the others wait for, and where (`arrival_table`; `learn.profile_arrivals`)
+    flops:FlopProfile|None=None # The FLOPs counted per batch shape and the device's peaks (`learn.profile_flops`): None with `flops=False`
+    flops_note:str='' # Why FLOPs are not counted, when `flops` is None
 
     def to_save(self) -> pd.DataFrame:
         "The results the files hold: merged over the ranks where there are several, else this rank's"
@@ -351,7 +423,7 @@ def fastxtend_layout(results:pd.DataFrame) -> pd.DataFrame:
 _VIEWS = dict(simple_profile_results='results', simple_profile_report='report', simple_profile_recorder='recorder',
               simple_profile_sync='sync', profile_advice='advice', profile_trace='trace',
               simple_profile_rank_results='rank_results', simple_profile_merged_results='merged_results',
-              profile_comparison='comparison', profile_memory='memory', profile_arrivals='arrivals', profile_results=('results', fastxtend_layout), profile_report='report')  # the last two: fastxtend 0.1.7's names
+              profile_comparison='comparison', profile_memory='memory', profile_arrivals='arrivals', profile_flops='flops', profile_results=('results', fastxtend_layout), profile_report='report')  # the last two: fastxtend 0.1.7's names
 
 def _view(name, attr, fn=None):
     def get(self):
@@ -384,15 +456,17 @@ def _title(session, exc=None, gathered=None) -> str:
     "The report's title, saying what it must about the timing mode, a trace window, a fit that stopped early and the ranks"
     notes = [f"sync='{session.mode}'" + (f': {session.note}' if session.note else '')] if session.mode != 'none' or session.note else []
     if session.trace_result is not None: notes.append(_trace_note(session.trace_result))
+    fc = session.flops
+    if fc is not None and fc.set_apart: notes.append(f'FLOPs counted in {fc.set_apart} batch(es) of a new shape, set apart in the `trace` row')
     if exc is not None: notes.append(f'partial: the fit stopped with {type(exc).__name__}')
     if session.fits > 1: notes.append(f'{session.fits} fits')
     if gathered is not None and gathered.merged is not None: notes.append(gathered.note)
     return 'Simple Profiler report' + (f' ({"; ".join(notes)})' if notes else '')
 
-def _advice(learn, results, rec, sync, trace, memory, rank_results, arrivals=None) -> list:
+def _advice(learn, results, rec, sync, trace, memory, rank_results, arrivals=None, flops=None) -> list:
     "The advice on a fit's results, plus straggling ranks on rank 0 of a distributed fit (by their arrivals where timed); a failure here costs the advice, never the results"
     try:
-        advice = learner_advice(learn, results, rec, sync=sync, trace=trace, memory=memory, show=False)
+        advice = learner_advice(learn, results, rec, sync=sync, trace=trace, memory=memory, flops=flops, show=False)
         if arrivals is not None: return drop_waiting(advice, arrivals, results) + arrival_advice(arrivals)  # rank 0's own waiting is not its fault
         return advice if rank_results is None else advice + straggler_advice(rank_results)
     except Exception as e:
@@ -405,17 +479,27 @@ def fit_result(learn, session:FitSession, exc:BaseException|None=None, export_ra
     rec = session.rec
     mine = _arrivals(session)
     memory = None if session.memory is None else session.memory.result(rec.warmup)
-    results = with_comm_wait(with_memory(recorder_results(rec, session.count), memory), mine)
+    flops, flops_note = _flops(learn, session)
+    results = with_comm_wait(with_flops(with_memory(recorder_results(rec, session.count), memory), rec, flops), mine)
     rec.detach()  # clock, device timer, events: only the record stays, and it pickles with the Learner
     g = gather_profile(results, failed=exc if exc is not None else False, extra=mine)  # every rank, once; None when not distributed
     own = dict(results=results, recorder=rec, sync=session.mode, trace=session.trace_result, memory=memory, memory_note=session.memory_note,
-               export_raw=export_raw)
+               export_raw=export_raw, flops=flops, flops_note=flops_note)
     if g is not None and not g.is_main: return ProfileResult(**own, report=format_report(results), is_main=False)  # shows, saves, logs nothing
     merged = g is not None and g.merged is not None
     ranks = dict(rank_results=g.ranks, merged_results=g.merged, report=format_merged(g.merged)) if merged else dict(report=format_report(results))
     arrivals = _arrival_table(g) if merged else None
-    advice = _advice(learn, results, rec, session.mode, session.trace_result, memory, ranks.get('rank_results'), arrivals)
+    advice = _advice(learn, results, rec, session.mode, session.trace_result, memory, ranks.get('rank_results'), arrivals, flops)
     return ProfileResult(**own, **ranks, title=_title(session, exc, g), advice=advice, arrivals=arrivals)
+
+def _flops(learn, session) -> tuple:
+    "`(FlopProfile, note)` of the fit: None and why when not counted; a failure is a warning, never a lost report"
+    fc = session.flops
+    if fc is None: return None, 'flops=False'
+    try: return flop_profile(fc, learn, events.train_device(learn), session.pair[0].peak_flops if session.pair else None), ''
+    except Exception as e:
+        warnings.warn(f'Simple Profiler: the FLOP counts could not be completed and are left out: {e!r}')
+        return None, f'failed: {e!r}'
 
 def _arrivals(session) -> dict|None:
     "This rank's arrival times (`ArrivalWatch.record`), with the hook taken off the model; None when not measured or on failure"
@@ -456,6 +540,7 @@ def _note_unprofiled(r:ProfileResult, ended:float, say:bool=True):
 @patch
 def fit_ended(self:SimpleProfilerCallback, learn, exc=None):
     "Called by the fit watch when the fit ends (with `exc` if it raised): inside `learn.profiling()` wait for the block's end, else report"
+    _live_off(self._session)
     if exc is None and self._session.keep_open:  # `learn.profiling()`: the report comes when the block ends
         self._session.in_fit = False
         return
@@ -478,6 +563,7 @@ def _report(self:SimpleProfilerCallback, learn, exc=None):
 def _release(self:SimpleProfilerCallback, learn):
     "Take the fit's session, leave its pair idle and remove it from `learn`, the Learner the fit watch names (`cb.learn` is None after a per-fit `cbs=`)"
     session = self._session
+    _live_off(session)
     pair = session.pair or (self, _partner(learn, SimpleProfilerPostCallback))  # the session's own pair: a re-armed one stays attached
     for cb in pair:
         if cb is not None: cb._session = IDLE; cb._unbind()
@@ -499,6 +585,7 @@ def _present(self:SimpleProfilerCallback, learn, r:ProfileResult, hub=None, mine
     try:
         if self.show_report: show_report(r.report, self.plain, self.markdown, title=r.title)
         if self.show_report: print(memory_text(r.memory, r.memory_note))
+        if self.show_report: print(_flops_block(r))
         if self.show_report and r.arrivals is not None: print(arrival_text(r.arrivals))
         saved = self._save_files(learn, r, mine)
         if r.trace and r.trace.get('trace_path'): saved.append(('trace', r.trace['trace_path']))
@@ -522,6 +609,11 @@ def _save_files(self:SimpleProfilerCallback, learn, r:ProfileResult, mine=None):
         saved.append(('JSON', _write(lambda df, p: save_json(df, p, mine.metadata, encode_distributions(mine.distributions)), results, out['json_name'], 'JSON')))
     if 'plot_name' in out: saved.append(('chart', save_plots(learn, out['plot_name'])))
     return saved
+
+def _flops_block(r:ProfileResult) -> str:
+    "The FLOPs block under the report, with the gains `what_if` ranks; a failure says so in one line"
+    try: return flops_text(r.flops, r.results, what_if(r.recorder, r.flops) if r.recorder is not None else None, r.flops_note)
+    except Exception as e: return f'FLOPs: could not be shown ({e!r}).'
 
 def _write(fn, results, path, what):
     "Write with `fn`, turning an OS error into one that says what could not be written where"

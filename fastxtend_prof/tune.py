@@ -29,6 +29,7 @@ from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, 
 from .insight import torch_optimizer, _loader_settings
 from .events import train_device
 from .plots import new_axes, save_figure
+from .flops import amdahl
 
 # %% ../nbs/17_tune.ipynb #89a7b6fd
 TARGET_SHARE = 0.1  # a step at least this share of the train iteration is worth a trial
@@ -121,10 +122,10 @@ def plan(times:dict, # `steady_times` of the configuration to improve on
             fixes.append(Fix('num_workers', k, Step.WAIT, pred[k], f"the loader's wait is {wait/it:.0%} of the iteration with num_workers={k0}"))
     transfer, tfms = times.get(Step.TRANSFER, 0.), times.get(Step.TRANSFORMS, 0.)
     if accel and ctx['fastai_loader'] and not ctx['pin_memory'] and transfer/it >= TARGET_SHARE:
-        fixes.append(Fix('pin_memory', True, Step.TRANSFER, it - SAVES['pin_memory']*transfer, f'the copy to the device is {transfer/it:.0%} of the iteration'))
+        fixes.append(Fix('pin_memory', True, Step.TRANSFER, amdahl(it, transfer, SAVES['pin_memory']), f'the copy to the device is {transfer/it:.0%} of the iteration'))
     if tfms/it >= TARGET_SHARE:
         if accel and ctx['dls_device'] is None:
-            fixes.append(Fix('transforms_on_device', ctx['model_device'], Step.TRANSFORMS, it - SAVES['transforms_on_device']*tfms,
+            fixes.append(Fix('transforms_on_device', ctx['model_device'], Step.TRANSFORMS, amdahl(it, tfms, SAVES['transforms_on_device']),
                              f'the batch transforms run on the host and are {tfms/it:.0%} of the iteration'))
         else: notes.append('batch transforms: they run where the model is (`dls.device`); fewer or cheaper transforms is a change for you to make')
     opt = times.get(Step.OPT_STEP, 0.)
@@ -132,19 +133,19 @@ def plan(times:dict, # `steady_times` of the configuration to improve on
         if ctx['optimizer'] is None: notes.append("optimizer step: not a torch optimizer through fastai's OptimWrapper, so foreach/fused can't be switched on")
         else:
             if not ctx['foreach'] and not ctx['fused']:
-                fixes.append(Fix('foreach', True, Step.OPT_STEP, it - SAVES['foreach']*opt, f"the optimizer step ({ctx['optimizer']}) is {opt/it:.0%} of the iteration"))
+                fixes.append(Fix('foreach', True, Step.OPT_STEP, amdahl(it, opt, SAVES['foreach']), f"the optimizer step ({ctx['optimizer']}) is {opt/it:.0%} of the iteration"))
             if ctx['fused_ok'] and not ctx['fused']:
-                fixes.append(Fix('fused', True, Step.OPT_STEP, it - SAVES['fused']*opt, f"the optimizer step ({ctx['optimizer']}) is {opt/it:.0%} of the iteration"))
+                fixes.append(Fix('fused', True, Step.OPT_STEP, amdahl(it, opt, SAVES['fused']), f"the optimizer step ({ctx['optimizer']}) is {opt/it:.0%} of the iteration"))
     fb = share(Step.FORWARD, Step.BACKWARD)
     if ctx['conv'] and not ctx['channels_last'] and fb >= TARGET_SHARE:
-        if accel: fixes.append(Fix('channels_last', True, Step.FORWARD, it*(1 - SAVES['channels_last']*fb), f'a convolutional model: forward and backward are {fb:.0%} of the iteration'))
+        if accel: fixes.append(Fix('channels_last', True, Step.FORWARD, amdahl(it, fb*it, SAVES['channels_last']), f'a convolutional model: forward and backward are {fb:.0%} of the iteration'))
         else: notes.append('channels_last: only tried on an accelerator')
     if 'mixed_precision' in allow and not ctx['mixed_precision']:
-        if accel: fixes.append(Fix('mixed_precision', True, Step.FORWARD, it*(1 - SAVES['mixed_precision']*fb), f'forward and backward are {fb:.0%} of the iteration'))
+        if accel: fixes.append(Fix('mixed_precision', True, Step.FORWARD, amdahl(it, fb*it, SAVES['mixed_precision']), f'forward and backward are {fb:.0%} of the iteration'))
         else: notes.append('mixed precision: only tried on an accelerator')
     if 'batch_size' in allow and ctx['fastai_loader'] and ctx['bs']:
         other = times.get(Step.OTHER, 0.)
-        fixes.append(Fix('batch_size', 2*ctx['bs'], Step.ITERATION, it - other/2, 'a larger batch shares the per-batch costs (the callbacks, the loop) over more samples'))
+        fixes.append(Fix('batch_size', 2*ctx['bs'], Step.ITERATION, amdahl(it, other, 0.5), 'a larger batch shares the per-batch costs (the callbacks, the loop) over more samples'))
     fixes = [f for f in fixes if f.kind not in done and (f.kind in allow or _gain(it, f.predicted) >= MIN_PREDICTED)]
     return sorted(fixes, key=lambda f: f.predicted), notes
 
@@ -309,7 +310,7 @@ def set_aside(learn) -> list:
 
 def run_trial(learn, batches:int, warmup:int, deadline:float, sync:str='auto'):
     "Profile `learn` training `batches` steady train batches (after `warmup` per loop, before the last), no validation: the `SavedProfile`"
-    learn.profile(show_report=False, warmup=warmup, arrivals=False, logger_callback=None, sync=sync, memory=False)
+    learn.profile(show_report=False, warmup=warmup, arrivals=False, logger_callback=None, sync=sync, memory=False, flops=False)
     epochs = math.ceil(batches/max(1, len(learn.dls.train) - warmup)) + 1
     try:
         with learn.no_logging(): learn.fit(epochs, cbs=TrialEnd(batches, warmup, deadline))

@@ -185,20 +185,21 @@ def test_rank0_gets_both_ranks(straggler):
     "Rank 0 holds the per-rank table of both ranks and the merged table; rank 1 holds neither"
     from fastxtend_prof.report import RESULT_COLS
     from fastxtend_prof.distributed import RANK_COLS
+    from fastxtend_prof.flops import FLOP_COLS  # each rank counts its model's FLOPs
     _, recs, _ = straggler
     assert [recs[r].get('fit_error') for r in (0, 1)] == [None, None]
     g0, g1 = recs[0]['gather'], recs[1]['gather']
     assert g0['is_main'] and not g1['is_main'] and g1['ranks'] is None and g1['merged'] is None
     assert (g0['failed'], g0['missing'], g0['warnings']) == ({}, [], [])
     ranks = g0['ranks']
-    assert list(ranks.columns) == ['Rank', *RESULT_COLS]
+    assert list(ranks.columns) == ['Rank', *RESULT_COLS, *FLOP_COLS]
     assert sorted(set(ranks.Rank)) == [0, 1]
     for r in (0, 1):  # each rank's rows are that rank's own results, unchanged
         own = recs[r]['own']
         mine = ranks[ranks.Rank == r].drop(columns='Rank').reset_index(drop=True)
         assert mine.equals(own.reset_index(drop=True)), f'rank {r} arrived changed'
     merged = g0['merged']
-    assert list(merged.columns) == [*RESULT_COLS, *RANK_COLS]
+    assert list(merged.columns) == [*RESULT_COLS, *FLOP_COLS, *RANK_COLS]
     draw = row(merged, 'train', 'draw')
     assert draw['Number of Calls'] == sum(row(recs[r]['own'], 'train', 'draw')['Number of Calls'] for r in (0, 1))
     assert draw['Slowest Rank'] == SLOW_RANK

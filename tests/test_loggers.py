@@ -10,6 +10,7 @@ from fastai.callback.progress import *  # noqa: F401,F403  (learn.no_bar)
 from fastai.callback.schedule import *  # noqa: F401,F403  (learn.lr_find)
 from fastxtend_prof.recorder import Phase, BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, POST_AFTER_BATCH, SAMPLES, FLAGS, NO_STEP
 from fastxtend_prof.report import RESULT_COLS
+from fastxtend_prof.flops import FLOP_COLS
 from fastxtend_prof.loggers import (KNOWN_LOGGERS, LIVE_KEYS, Logger, LoggerHub, register_logger, check_logger_callback,
                                     fastai_wandb_bug_4173)
 import fastxtend_prof.loggers as loggers
@@ -220,11 +221,12 @@ def check_wandb_run(learn, run_dir, log_every=5):
     assert tables == {'report', 'results'}
     res_file = next((run_dir/'files'/'media'/'table').glob('simple_profile_results_*.table.json'))
     t = json.loads(res_file.read_text())
-    assert t['columns'] == list(RESULT_COLS) and len(t['data']) == len(learn.simple_profile_results)
+    assert t['columns'] == [*RESULT_COLS, *FLOP_COLS] and len(t['data']) == len(learn.simple_profile_results)
     r = learn.simple_profile_results.set_index(['Phase', 'Step'])
     assert summary['profile/train/forward_mean_s'] == pytest.approx(r.loc[('train', 'forward'), 'Mean Duration'])
     assert summary['profile/train/batch_samples_per_s'] == pytest.approx(r.loc[('train', 'batch'), 'Samples/Second'])
     assert summary['profile/fit/fit_mean_s'] == pytest.approx(r.loc[('fit', 'fit'), 'Mean Duration'])
+    assert summary['profile/train/forward_flops'] == r.loc[('train', 'forward'), 'FLOPs']  # 0: synth_learner's model runs no matmul
 
 
 def test_wandb_offline_history_tables_and_summary(wandb_offline):

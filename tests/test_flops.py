@@ -1,0 +1,241 @@
+"""FLOPs, MFU, what-if and the live columns (issue 26), on real fastai Learners: counts exact against the closed-form
+formulas, a model with an operator the counter does not know, a compiled model, a batch shape that changes, the CPU's
+measured peak reached by a Learner that is one large matmul, a what-if prediction checked against a run where the
+change was made, and the live columns in fastai's table with `learn.recorder.values` unchanged.
+
+Timing is asserted only where the question is about time (MFU, the what-if), with bounds a loaded machine keeps."""
+import math, re, warnings
+import numpy as np, pandas as pd, pytest, torch
+from torch import nn
+from fastai.basics import Learner, DataLoaders, MSELossFlat, set_seed
+from fastai.callback.progress import CSVLogger
+from fastai.data.load import DataLoader
+from fastai.callback.progress import ProgressCallback
+import fastxtend_prof.all  # noqa: F401
+from fastxtend_prof.flops import FLOP_COLS, LIVE_NAMES, flops_text, what_if, measure_peak
+from conftest import row
+
+def tensor_learner(model, n=64, bs=16, shape=(20,), out=8, drop_last=True, seed=0, create_batch=None, **kw):
+    "A Learner training `model` on `n` random samples of `shape` (targets of `out`) in batches of `bs`"
+    g = torch.Generator().manual_seed(seed)
+    ds = list(zip(torch.randn(n, *shape, generator=g), torch.randn(n, out, generator=g)))
+    extra = dict(create_batch=create_batch) if create_batch else {}
+    dls = DataLoaders(DataLoader(ds, bs=bs, shuffle=True, drop_last=drop_last, **extra), DataLoader(ds[:bs], bs=bs))
+    return Learner(dls, model, loss_func=MSELossFlat(), lr=1e-3, **kw)
+
+def fit(learn, epochs=1, **profile_kw):
+    learn.profile(show_report=False, **profile_kw)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        with learn.no_bar(), learn.no_logging(): learn.fit(epochs)
+    return learn
+
+def only_count(learn) -> dict:
+    "The counts of the one batch shape counted"
+    counts = learn.profile_flops.counts
+    assert len(counts) == 1, counts
+    return next(iter(counts.values()))
+
+# ----------------------------------------------------------------------------------------------------- exact counts
+def test_linear_counts_exact():
+    "Forward 2·b·i·o per Linear; backward: the first layer's weight gradient, twice the forward for a layer with both gradients"
+    b, i, h, o = 16, 20, 64, 8
+    learn = fit(tensor_learner(nn.Sequential(nn.Linear(i, h), nn.ReLU(), nn.Linear(h, o)), bs=b, shape=(i,), out=o))
+    c = only_count(learn)
+    first, second = 2*b*i*h, 2*b*h*o
+    assert c['forward'] == first + second
+    assert c['backward'] == first + 2*second  # the first layer's input needs no gradient
+    assert c['loss'] == 0 and c['samples'] == b
+    res = learn.simple_profile_results
+    assert row(res, 'train', 'forward')['FLOPs'] == first + second
+    assert row(res, 'train', 'backward')['FLOPs'] == first + 2*second
+    assert row(res, 'train', 'iteration')['FLOPs'] == 2*first + 3*second
+    assert math.isnan(row(res, 'valid', 'predict')['FLOPs']) and math.isnan(row(res, 'fit', 'fit')['FLOPs'])
+
+def test_backward_twice_forward_with_input_gradient():
+    "A Linear layer behind another: its backward computes the input's and the weight's gradients, twice its forward"
+    b = 16
+    learn = fit(tensor_learner(nn.Sequential(nn.Linear(20, 20, bias=False), nn.Linear(20, 8)), bs=b))
+    c = only_count(learn)
+    f1, f2 = 2*b*20*20, 2*b*20*8
+    assert c['forward'] == f1 + f2 and c['backward'] - f1 == 2*f2
+
+def test_conv_counts_exact():
+    "Conv2d: 2·b·c_out·h·w·c_in·k² (padding keeps h×w), its backward the weight's gradient only as the first layer"
+    b, cin, cout, k, hw = 8, 3, 6, 3, 12
+    model = nn.Sequential(nn.Conv2d(cin, cout, k, padding=1), nn.Flatten(), nn.Linear(cout*hw*hw, 4))
+    learn = fit(tensor_learner(model, n=32, bs=b, shape=(cin, hw, hw), out=4))
+    c = only_count(learn)
+    conv, lin = 2*b*cout*hw*hw*cin*k*k, 2*b*cout*hw*hw*4
+    assert c['forward'] == conv + lin
+    assert c['backward'] == conv + 2*lin
+
+class CdistNet(nn.Module):
+    "A Linear layer, then distances to learned centres with `torch.cdist`, an operator FlopCounterMode has no formula for"
+    def __init__(self):
+        super().__init__()
+        self.lin, self.centres = nn.Linear(20, 16), nn.Parameter(torch.randn(8, 16))
+    def forward(self, x): return torch.cdist(self.lin(x), self.centres)
+
+def test_unknown_operator_keeps_known_part_and_notes():
+    b = 16
+    learn = fit(tensor_learner(CdistNet(), bs=b))
+    c = only_count(learn)
+    assert c['forward'] == 2*b*20*16  # the Linear layer, counted exactly; the distances are not
+    assert 'aten._cdist_forward' in learn.profile_flops.uncounted
+    text = flops_text(learn.profile_flops, learn.simple_profile_results)
+    assert 'aten._cdist_forward' in text and 'lower bound' in text
+
+def test_compiled_model_gets_no_flops_and_why():
+    model = torch.compile(nn.Sequential(nn.Linear(20, 8)), backend='eager')  # eager: no compiler needed on this machine
+    learn = fit(tensor_learner(model))
+    prof = learn.profile_flops
+    assert not prof.counts and 'compiled' in prof.note
+    assert not set(FLOP_COLS) & set(learn.simple_profile_results.columns)
+    assert 'not counted' in flops_text(prof) and 'compiled' in flops_text(prof)
+
+def test_flops_false():
+    learn = fit(tensor_learner(nn.Linear(20, 8)), flops=False)
+    assert learn.profile_flops is None and not set(FLOP_COLS) & set(learn.simple_profile_results.columns)
+    assert flops_text(None, reason=learn.profile_result.flops_note) == 'FLOPs: not counted (flops=False).'
+
+def test_new_batch_shape_counted_again_and_set_apart():
+    "The last train batch is smaller (no drop_last): counted once, in the first epoch, and set apart in the `trace` row"
+    b = 16
+    learn = fit(tensor_learner(nn.Linear(20, 8), n=72, bs=b, drop_last=False), epochs=2)
+    prof = learn.profile_flops
+    fwd = sorted(c['forward'] for c in prof.counts.values())
+    assert fwd == [2*8*20*8, 2*b*20*8]  # the last batch holds 72 - 4·16 = 8 samples
+    assert prof.set_apart == 1
+    res = learn.simple_profile_results
+    assert row(res, 'train', 'trace')['Number of Calls'] == 1
+    assert 'set apart' in learn.profile_result.title
+    rows = prof.rows(10)  # 5 batches an epoch
+    assert rows[4, 0] == 2*8*20*8 and rows[9, 0] == 2*8*20*8 and rows[5, 0] == 2*b*20*8
+
+def test_bad_peak_flops():
+    learn = tensor_learner(nn.Linear(20, 8))
+    for bad in (0, -1., 'fast', True, float('inf'), 989):  # 989: TFLOP/s where FLOP/s are asked for
+        with pytest.raises(ValueError, match='peak_flops'): learn.profile(peak_flops=bad)
+
+def test_peak_flops_gives_datasheet_mfu_on_cpu():
+    learn = fit(tensor_learner(nn.Linear(20, 8)), peak_flops=1e12)
+    r = row(learn.simple_profile_results, 'train', 'forward')
+    assert r['Datasheet MFU'] == pytest.approx(r['FLOP/s']/1e12)
+
+# ---------------------------------------------------------------------------------------------------- the peak, MFU
+def test_cpu_one_matmul_learner_reaches_measured_peak():
+    "One 1,024² matmul a batch: its forward runs at 30–120% of the peak measured on the same CPU; no datasheet figure for a CPU"
+    n = 1024
+    learn = fit(tensor_learner(nn.Linear(n, n, bias=False), n=6*n, bs=n, shape=(n,), out=n), epochs=1)
+    prof = learn.profile_flops
+    assert prof.device == 'cpu' and prof.measured_peak > 0 and math.isnan(prof.datasheet_peak)
+    assert 'a CPU has none' in prof.peak_note
+    fwd = row(learn.simple_profile_results, 'train', 'forward')
+    assert fwd['FLOPs'] == 2*n**3
+    assert 0.3 <= fwd['MFU'] <= 1.2, f"forward at {fwd['MFU']:.0%} of the measured peak ({prof.measured_peak/1e9:.0f} GFLOP/s)"
+    assert math.isnan(fwd['Datasheet MFU'])
+
+def test_measure_peak_checks_and_caches():
+    with pytest.raises(ValueError, match='dtype'): measure_peak('cpu', 'int8')
+    a = measure_peak('cpu', 'fp32')
+    assert measure_peak('cpu', 'fp32') == a
+
+# ------------------------------------------------------------------------------------------------------- what-if
+class Sleepy(nn.Module):
+    "A Linear layer whose forward also sleeps `delay` seconds: known work"
+    def __init__(self, delay):
+        super().__init__()
+        self.lin, self.delay = nn.Linear(20, 8), delay
+    def forward(self, x):
+        import time; time.sleep(self.delay)
+        return self.lin(x)
+
+def sleepy_batches(delay):
+    "A `create_batch` that collates as fastai does, then sleeps `delay` seconds: a loader that slow"
+    from fastai.data.load import fa_collate
+    def create_batch(b):
+        import time; time.sleep(delay)
+        return fa_collate(b)
+    return create_batch
+
+def test_what_if_predicts_a_run_without_the_draw_delay():
+    "Delays of 6 ms in the draw and 3 ms in the forward: the gain predicted for cutting the draw's 6 ms is what a run without it measures"
+    def iteration(draw_delay):
+        learn = fit(tensor_learner(Sleepy(3e-3), n=16*60, bs=16, create_batch=sleepy_batches(draw_delay)))
+        return learn
+    slowed, quick = iteration(6e-3), iteration(0.)
+    pred = what_if(slowed.simple_profile_recorder, cuts={'draw': 6e-3}).set_index('Change').loc['6 ms less']
+    mean = lambda l: row(l.simple_profile_results, 'train', 'iteration')['Mean Duration']
+    measured = mean(slowed)/mean(quick)
+    assert abs(measured/pred.Speedup - 1) < 0.08, f"predicted {pred.Speedup:.3f}× ({pred['Speedup Low']:.3f}–{pred['Speedup High']:.3f}), measured {measured:.3f}×"
+    top = what_if(slowed.simple_profile_recorder)
+    assert top.Step.iloc[0] in ('draw', 'wait')  # the draw's delay is the largest step to lose
+
+# ---------------------------------------------------------------------------------------------------- live columns
+def live_fit(capsys, live, bar=True, cbs=(), epochs=2):
+    set_seed(0, reproducible=True)
+    learn = tensor_learner(nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 8)), n=160, cbs=list(cbs))
+    if live is not None: learn.profile(show_report=False, live=live)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        if bar: learn.fit(epochs)
+        else:
+            with learn.no_bar(): learn.fit(epochs)
+    return learn, capsys.readouterr().out
+
+def test_live_columns_in_progress_table(capsys):
+    learn, out = live_fit(capsys, True)
+    head = next(l for l in out.splitlines() if 'train_loss' in l)
+    assert all(n in head for n in LIVE_NAMES), head
+    rows = [l for l in out.splitlines() if re.match(r'^\S*\s*[01]\s+\d+\.\d{6}', l.split('\r')[-1].lstrip('█'))]
+    assert len(rows) == 2, out
+    assert all(re.search(r'\d+%\s+\d+\.\d%\s*$', r) for r in rows), rows
+    assert list(learn.recorder.metric_names) == ['epoch', 'train_loss', 'valid_loss', 'time']
+    assert '_write_stats' not in learn.progress.__dict__ and learn.logger is print  # put back after the fit
+
+def test_live_columns_without_bar(capsys):
+    learn, out = live_fit(capsys, True, bar=False)
+    lines = [l for l in out.splitlines() if l.startswith('[')]
+    assert "'samples/s'" in lines[0] and "'MFU'" in lines[0], lines
+    assert len(lines) == 3 and all(re.search(r"'\d+%', '\d+\.\d%'\]$", l) for l in lines[1:]), lines
+    assert learn.logger is print
+
+def test_live_leaves_recorder_values_and_csv_alone(capsys, tmp_path):
+    base, _ = live_fit(capsys, None, cbs=[CSVLogger(tmp_path/'plain.csv')])
+    live, _ = live_fit(capsys, True, cbs=[CSVLogger(tmp_path/'live.csv')])
+    assert [v for v in base.recorder.values] == [v for v in live.recorder.values]
+    assert list(base.recorder.metric_names) == list(live.recorder.metric_names)
+    plain, lived = pd.read_csv(tmp_path/'plain.csv'), pd.read_csv(tmp_path/'live.csv')
+    assert list(plain.columns) == list(lived.columns) == ['epoch', 'train_loss', 'valid_loss', 'time']
+    pd.testing.assert_frame_equal(plain.drop(columns='time'), lived.drop(columns='time'))
+
+def test_live_in_profiling_block(capsys):
+    set_seed(0)
+    learn = tensor_learner(nn.Linear(20, 8), n=160)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        with learn.profiling(show_report=False, live=True):
+            with learn.no_bar(): learn.fit(1); learn.fit(1)
+    lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith('[')]
+    assert sum("'samples/s'" in l for l in lines) == 2 and len(lines) == 4, lines
+    assert learn.logger is print
+
+# --------------------------------------------------------------------------------------- files, loggers, comparison
+def test_files_and_comparison_carry_flops(tmp_path):
+    from fastxtend_prof.compare import compare_profiles, load_profile
+    from fastxtend_prof.loggers import summary_values
+    a = fit(tensor_learner(nn.Sequential(nn.Linear(20, 64), nn.Linear(64, 8)), n=16*40, path=tmp_path), save_json=True, save_csv=True,
+            json_name='a.json', csv_name='a.csv')
+    csv = pd.read_csv(tmp_path/'a.csv')
+    assert set(FLOP_COLS) <= set(csv.columns)
+    saved = load_profile(tmp_path/'a.json')
+    meta = saved.metadata['flops']
+    assert meta['per_batch'] == only_count(a)['forward'] + only_count(a)['backward'] and meta['dtype'] == 'fp32'
+    assert row(saved.results, 'train', 'forward')['MFU'] == pytest.approx(row(a.simple_profile_results, 'train', 'forward')['MFU'])
+    b = fit(tensor_learner(nn.Sequential(nn.Linear(20, 64), nn.Linear(64, 8)), n=16*40))
+    cmp = compare_profiles(tmp_path/'a.json', b)
+    it = cmp[(cmp.Phase == 'train') & (cmp.Step == 'iteration')].iloc[0]
+    assert it['Base MFU'] > 0 and it['New MFU'] > 0 and 'MFU' in cmp.attrs['verdict']
+    sv = summary_values(a.simple_profile_results)
+    assert sv['profile/train/forward_flops'] == only_count(a)['forward'] and 'profile/train/iteration_mfu' in sv
