@@ -417,6 +417,7 @@ def learner_advice(learn, # A Learner after a profiled fit
                    trace:dict|None=None, # A trace window's results, for its anti-pattern findings; default the last profile's
                    memory=None, # The fit's `MemoryProfile`, for the memory rules; default the last profile's
                    flops=None, # The fit's `FlopProfile`, for the MFU and gain rules; default the last profile's
+                   gains=None, # The fit's `what_if` table, if worked out already; default the last profile's (when `rec` is its recorder)
                    show:bool=True, # Print the advice
                   ) -> list:
     "The advice on `learn`'s last profiled fit (or on the `results`, `rec`, `sync`, `trace` and `memory` given); `show` prints it"
@@ -428,7 +429,8 @@ def learner_advice(learn, # A Learner after a profiled fit
         trace = last.trace if trace is None else trace
         memory = last.memory if memory is None else memory
         flops = getattr(last, 'flops', None) if flops is None else flops
+        if gains is None and rec is last.recorder: gains = getattr(last, 'gains', None)
     rows = device_view(rec) if isinstance(rec, EventRecorder) else rec  # the rows `results` were made from
-    advice = advise(results, rows, {**run_context(learn, sync), 'memory': memory, 'flops': flops}, extra=(trace or {}).get('anti_patterns', ()))
+    advice = advise(results, rows, {**run_context(learn, sync), 'memory': memory, 'flops': flops, 'gains': gains}, extra=(trace or {}).get('anti_patterns', ()))
     if show: show_advice(advice)
     return advice

@@ -18,6 +18,7 @@ from .recorder import (
     FLAGS, N_SLOTS, SAMPLES, STEP_SLOTS, SUB_STEPS, Phase, Step, TimingRecorder, check_int, traced_rows)
 from .report import report_markdown
 from .memory import memory_text
+from .flops import flops_text
 from .distributed import dist_info
 
 # %% ../nbs/06_loggers.ipynb #980c59ee
@@ -170,7 +171,7 @@ class WandbLogger(Logger):
 
 # %% ../nbs/06_loggers.ipynb #d36c5040
 class TensorBoardLogger(Logger):
-    "Live values at `TensorBoardCallback`'s step (`learn.train_iter`); after fit the report (and memory, when tracked) as markdown text"
+    "Live values at `TensorBoardCallback`'s step (`learn.train_iter`); after fit the report (and memory and FLOPs, when tracked) as markdown text"
     cb_name = 'tensor_board'
     def live(self, learn, values):
         w, step = self.cb.writer, learn.train_iter
@@ -183,6 +184,8 @@ class TensorBoardLogger(Logger):
         w.add_text('simple_profile_report', f'**Simple Profiler report**\n\n{report_markdown(report)}', learn.train_iter)
         r = learn.__dict__.get('profile_result')
         if r is not None and r.memory is not None: w.add_text('simple_profile_memory', f'```\n{memory_text(r.memory)}\n```', learn.train_iter)
+        if r is not None and getattr(r, 'flops', None) is not None:
+            w.add_text('simple_profile_flops', f'```\n{flops_text(r.flops, r.results, r.gains, width=120)}\n```', learn.train_iter)
         w.close() if closed else w.flush()
 
 # %% ../nbs/06_loggers.ipynb #fc1510a2

@@ -38,7 +38,8 @@ from .distributed import gather_profile, format_merged, straggler_advice, dist_i
 from .arrivals import ArrivalWatch, arrival_table, arrival_advice, arrival_text, with_comm_wait, drop_waiting
 from .memory import MemoryTap, MemoryProfile, MEMORY_EVERY, check_memory, make_memory, with_memory, memory_text
 from .loggers import LoggerHub, check_logger_callback, check_log_every, fix_fastai_wandb
-from .flops import FlopCounter, FlopProfile, LIVE_NAMES, compute_dtype, epoch_values, flop_profile, flops_text, live_cells, measure_peak, what_if, with_flops
+from .flops import (FlopCounter, FlopProfile, LIVE_NAMES, compute_dtype, epoch_values, flop_profile, flops_text, live_cells, measure_peak,
+    prepare_counting, what_if, with_flops)
 
 # %% ../nbs/09_simpleprofiler.ipynb #77c1f993
 def _check_bool(name, v):
@@ -236,6 +237,7 @@ class SimpleProfilerCallback(_ProfilerPair):
         s = FitSession(rec=rec, observers=observers, mode=mode, note=note, count=post.samples_per_second, pair=(self, post),
                        hub=LoggerHub.create(self.learn, self.logger_callback, self.log_every), keep_open=self._until_closed, memory_note=why,
                        arrivals=ArrivalWatch(rec) if self.arrivals and _data_parallel() else None, live=self.live)
+        if self.flops: prepare_counting()  # what the counter's dispatch mode imports the first time (seconds): before the fit's timings
         if self.live:
             if self.flops: _live_peak(self.learn, device)  # the MFU column's denominator, measured now: before the fit's timings
             s.live_undo = _live_on(self.learn, s)
@@ -398,6 +400,7 @@ class ProfileResult:
     arrivals:pd.DataFrame|None=None # Rank 0 of a data-parallel fit: which rank the others wait for, and where (`arrival_table`; `learn.profile_arrivals`)
     flops:FlopProfile|None=None # The FLOPs counted per batch shape and the device's peaks (`learn.profile_flops`): None with `flops=False`
     flops_note:str='' # Why FLOPs are not counted, when `flops` is None
+    gains:pd.DataFrame|None=None # `what_if` of the fit: how much faster the train iteration would be without each step (`learn.profile_gains`)
 
     def to_save(self) -> pd.DataFrame:
         "The results the files hold: merged over the ranks where there are several, else this rank's"
@@ -423,7 +426,7 @@ def fastxtend_layout(results:pd.DataFrame) -> pd.DataFrame:
 _VIEWS = dict(simple_profile_results='results', simple_profile_report='report', simple_profile_recorder='recorder',
               simple_profile_sync='sync', profile_advice='advice', profile_trace='trace',
               simple_profile_rank_results='rank_results', simple_profile_merged_results='merged_results',
-              profile_comparison='comparison', profile_memory='memory', profile_arrivals='arrivals', profile_flops='flops', profile_results=('results', fastxtend_layout), profile_report='report')  # the last two: fastxtend 0.1.7's names
+              profile_comparison='comparison', profile_memory='memory', profile_arrivals='arrivals', profile_flops='flops', profile_gains='gains', profile_results=('results', fastxtend_layout), profile_report='report')  # the last two: fastxtend 0.1.7's names
 
 def _view(name, attr, fn=None):
     def get(self):
@@ -463,10 +466,10 @@ def _title(session, exc=None, gathered=None) -> str:
     if gathered is not None and gathered.merged is not None: notes.append(gathered.note)
     return 'Simple Profiler report' + (f' ({"; ".join(notes)})' if notes else '')
 
-def _advice(learn, results, rec, sync, trace, memory, rank_results, arrivals=None, flops=None) -> list:
+def _advice(learn, results, rec, sync, trace, memory, rank_results, arrivals=None, flops=None, gains=None) -> list:
     "The advice on a fit's results, plus straggling ranks on rank 0 of a distributed fit (by their arrivals where timed); a failure here costs the advice, never the results"
     try:
-        advice = learner_advice(learn, results, rec, sync=sync, trace=trace, memory=memory, flops=flops, show=False)
+        advice = learner_advice(learn, results, rec, sync=sync, trace=trace, memory=memory, flops=flops, gains=gains, show=False)
         if arrivals is not None: return drop_waiting(advice, arrivals, results) + arrival_advice(arrivals)  # rank 0's own waiting is not its fault
         return advice if rank_results is None else advice + straggler_advice(rank_results)
     except Exception as e:
@@ -484,12 +487,12 @@ def fit_result(learn, session:FitSession, exc:BaseException|None=None, export_ra
     rec.detach()  # clock, device timer, events: only the record stays, and it pickles with the Learner
     g = gather_profile(results, failed=exc if exc is not None else False, extra=mine)  # every rank, once; None when not distributed
     own = dict(results=results, recorder=rec, sync=session.mode, trace=session.trace_result, memory=memory, memory_note=session.memory_note,
-               export_raw=export_raw, flops=flops, flops_note=flops_note)
+               export_raw=export_raw, flops=flops, flops_note=flops_note, gains=_gains(rec, flops))
     if g is not None and not g.is_main: return ProfileResult(**own, report=format_report(results), is_main=False)  # shows, saves, logs nothing
     merged = g is not None and g.merged is not None
     ranks = dict(rank_results=g.ranks, merged_results=g.merged, report=format_merged(g.merged)) if merged else dict(report=format_report(results))
     arrivals = _arrival_table(g) if merged else None
-    advice = _advice(learn, results, rec, session.mode, session.trace_result, memory, ranks.get('rank_results'), arrivals, flops)
+    advice = _advice(learn, results, rec, session.mode, session.trace_result, memory, ranks.get('rank_results'), arrivals, flops, own['gains'])
     return ProfileResult(**own, **ranks, title=_title(session, exc, g), advice=advice, arrivals=arrivals)
 
 def _flops(learn, session) -> tuple:
@@ -500,6 +503,13 @@ def _flops(learn, session) -> tuple:
     except Exception as e:
         warnings.warn(f'Simple Profiler: the FLOP counts could not be completed and are left out: {e!r}')
         return None, f'failed: {e!r}'
+
+def _gains(rec, flops) -> pd.DataFrame|None:
+    "`what_if` of the fit, once for the report, the advice and `learn.profile_gains`; None where it can't be worked out"
+    try: return what_if(rec, flops) if rec.keep_raw else None
+    except Exception as e:
+        warnings.warn(f'Simple Profiler: the what-if gains could not be worked out and are left out: {e!r}')
+        return None
 
 def _arrivals(session) -> dict|None:
     "This rank's arrival times (`ArrivalWatch.record`), with the hook taken off the model; None when not measured or on failure"
@@ -612,7 +622,7 @@ def _save_files(self:SimpleProfilerCallback, learn, r:ProfileResult, mine=None):
 
 def _flops_block(r:ProfileResult) -> str:
     "The FLOPs block under the report, with the gains `what_if` ranks; a failure says so in one line"
-    try: return flops_text(r.flops, r.results, what_if(r.recorder, r.flops) if r.recorder is not None else None, r.flops_note)
+    try: return flops_text(r.flops, r.results, r.gains, r.flops_note)
     except Exception as e: return f'FLOPs: could not be shown ({e!r}).'
 
 def _write(fn, results, path, what):

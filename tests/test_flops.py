@@ -99,19 +99,39 @@ def test_flops_false():
     assert learn.profile_flops is None and not set(FLOP_COLS) & set(learn.simple_profile_results.columns)
     assert flops_text(None, reason=learn.profile_result.flops_note) == 'FLOPs: not counted (flops=False).'
 
-def test_new_batch_shape_counted_again_and_set_apart():
-    "The last train batch is smaller (no drop_last): counted once, in the first epoch, and set apart in the `trace` row"
+def test_smaller_last_batch_scaled_by_its_samples():
+    "No drop_last: the last batch of each epoch holds 8 samples, not 16; only the batch dimension changed, so it is not counted again"
     b = 16
     learn = fit(tensor_learner(nn.Linear(20, 8), n=72, bs=b, drop_last=False), epochs=2)
     prof = learn.profile_flops
-    fwd = sorted(c['forward'] for c in prof.counts.values())
-    assert fwd == [2*8*20*8, 2*b*20*8]  # the last batch holds 72 - 4·16 = 8 samples
-    assert prof.set_apart == 1
-    res = learn.simple_profile_results
-    assert row(res, 'train', 'trace')['Number of Calls'] == 1
+    assert len(prof.counts) == 1 and prof.set_apart == 0
+    samples = [16, 16, 16, 16, 8]*2
+    rows = prof.rows(10, samples)
+    assert list(rows[:, 0]) == [2*s*20*8 for s in samples]
+
+class Pooled(nn.Module):
+    "A Conv1d over sequences of any length, pooled: its FLOPs grow with the length"
+    def __init__(self):
+        super().__init__()
+        self.conv, self.lin = nn.Conv1d(1, 4, 3, padding=1), nn.Linear(4, 8)
+    def forward(self, x): return self.lin(self.conv(x).mean(-1))
+
+def test_new_batch_shape_counted_again_and_set_apart(monkeypatch):
+    "Sequences of 20 for three batches, then of 40: the new shape is read, counted at the next batch and set apart in `trace`"
+    import fastxtend_prof.flops as fl
+    monkeypatch.setattr(fl, 'SHAPE_EVERY', 1)  # read every batch's shape (default: one batch in 16)
+    b, g = 16, torch.Generator().manual_seed(0)
+    ds = [(torch.randn(1, 20 if i < 48 else 40, generator=g), torch.randn(8, generator=g)) for i in range(96)]
+    dls = DataLoaders(DataLoader(ds, bs=b, shuffle=False, drop_last=True), DataLoader(ds[:b], bs=b))
+    learn = fit(Learner(dls, Pooled(), loss_func=MSELossFlat()))
+    prof = learn.profile_flops
+    fwd = {k[-1]: c['forward'] for k, c in prof.counts.items()}
+    conv = lambda L: 2*b*4*L*1*3
+    assert fwd == {20: conv(20) + 2*b*4*8, 40: conv(40) + 2*b*4*8}
+    assert prof.set_apart == 1 and row(learn.simple_profile_results, 'train', 'trace')['Number of Calls'] == 1
     assert 'set apart' in learn.profile_result.title
-    rows = prof.rows(10)  # 5 batches an epoch
-    assert rows[4, 0] == 2*8*20*8 and rows[9, 0] == 2*8*20*8 and rows[5, 0] == 2*b*20*8
+    rows = prof.rows(6)
+    assert list(rows[:, 0]) == [fwd[20]]*3 + [fwd[40]]*3
 
 def test_bad_peak_flops():
     learn = tensor_learner(nn.Linear(20, 8))
@@ -239,3 +259,18 @@ def test_files_and_comparison_carry_flops(tmp_path):
     assert it['Base MFU'] > 0 and it['New MFU'] > 0 and 'MFU' in cmp.attrs['verdict']
     sv = summary_values(a.simple_profile_results)
     assert sv['profile/train/forward_flops'] == only_count(a)['forward'] and 'profile/train/iteration_mfu' in sv
+
+def test_a_later_fit_of_the_same_model_reuses_the_counts():
+    "The second fit sets no batch apart; freezing a layer (no weight gradient) makes it count again, with a smaller backward"
+    b = 16
+    learn = tensor_learner(nn.Sequential(nn.Linear(20, 16), nn.Linear(16, 8)), bs=b)
+    first = fit(learn, warmup=0).profile_flops
+    assert (first.set_apart, first.reused) == (1, 0)
+    again = fit(learn, warmup=0).profile_flops
+    assert (again.set_apart, again.reused) == (0, 1) and again.counts == first.counts
+    assert 'trace' not in set(learn.simple_profile_results.Step)
+    for p in learn.model[1].parameters(): p.requires_grad_(False)
+    frozen = fit(learn, warmup=0).profile_flops
+    assert (frozen.set_apart, frozen.reused) == (1, 0)
+    c, c0 = only_count(learn), next(iter(first.counts.values()))
+    assert c['forward'] == c0['forward'] and c['backward'] == c0['backward'] - 2*b*16*8  # the frozen layer's weight gradient is gone

@@ -288,6 +288,8 @@ def check_tb_run(learn, log_dir, log_every=5):
     (text,) = ea.Tensors('simple_profile_report/text_summary')
     md = text.tensor_proto.string_val[0].decode()
     assert 'Simple Profiler report' in md and '| train | loop | iteration |' in md and '|  | draw |' in md and 'forward' in md
+    (flops,) = ea.Tensors('simple_profile_flops/text_summary')  # the FLOPs block: synth_learner's model runs no matmul
+    assert 'FLOPs counted' in flops.tensor_proto.string_val[0].decode()
 
 
 def test_tensorboard_scalars_and_text(tmp_path):
