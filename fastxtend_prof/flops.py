@@ -113,8 +113,8 @@ class FlopCounter(Relay):
         self.counts, self.changes, self.uncounted, self.seconds, self.set_apart, self.reused = {}, [], {}, 0.0, 0, 0
         model = getattr(learn, 'model', None)
         self.note = 'the model is compiled (torch.compile): its FLOPs are not counted' if compiled_model(model) else ''
-        try: self._known = _KNOWN.setdefault(model, {}).setdefault(_signature(learn), {})  # shapes counted in an earlier fit of this model
-        except TypeError: self._known = {}  # no model, or one that can't be weakly referenced
+        self._fits, self._gen = 0, 0  # fits seen (`learn.profiling()` records several); how often the model changed between them
+        self._known = self._cache()
         self._direct = {s: to.marker('mark', s) for s in self.WATCH}
         self._draw = to.marker('draw')
         every = every or SHAPE_EVERY
@@ -125,6 +125,22 @@ class FlopCounter(Relay):
         self._train, self._last, self._count, self._tries, self._hook = False, None, None, 0, None
         self._armed = not self.note and not self._known  # a model not counted before: count the fit's first batch
         self.mark, self.draw = self._mark, self._switched_draw  # for callers that don't take a marker: the switches' targets
+
+    def _cache(self) -> dict:
+        "The counts kept for the model as it is now: `{batch shape: (count, uncounted)}` from earlier fits (empty for a new one)"
+        try:
+            self._sig = _signature(self.learn)
+            return _KNOWN.setdefault(self.learn.model, {}).setdefault(self._sig, {})
+        except TypeError: return {}  # no model, or one that can't be weakly referenced
+
+    def start(self, step:Step):
+        self.to.start(step)
+        if step is not Step.FIT: return
+        if self._fits and getattr(self, '_sig', None) != _signature(self.learn):  # a later fit, the model changed (unfrozen): its own counts
+            self._gen, self._last = self._gen + 1, None
+            self._known = self._cache()
+            self._armed = not self.note and not self._known
+        self._fits += 1
 
     def marker(self, name:str, *args):
         if name == 'mark' and args[0] in self._boxes: return _switch(self._boxes[args[0]])
@@ -150,8 +166,8 @@ class FlopCounter(Relay):
         if key in self.counts: return
         same = next((k for k in self.counts if _rest(k) == _rest(key)), None)
         if same is not None: self.counts[key] = self.counts[same]  # only the batch dimension changed: the rows scale by their samples
-        elif key in self._known:  # counted in an earlier fit of this model, as it is now: no batch to set apart
-            c, unc = self._known[key]
+        elif key[-1] in self._known if self._gen else key in self._known:  # counted in an earlier fit of this model, as it is now
+            c, unc = self._known[key[-1] if self._gen else key]
             self.counts[key], self.reused = dict(c), self.reused + 1
             for k, v in unc.items(): self.uncounted[k] = max(self.uncounted.get(k, 0), v)
         elif len(self.counts) < self.max_shapes and not self.note and self._tries < 2*self.max_shapes:
@@ -162,6 +178,7 @@ class FlopCounter(Relay):
         xb = self.learn.xb
         try: key = xb[0].shape if len(xb) == 1 else tuple(map(_SHAPE, xb))  # one input: its shape is the key
         except (AttributeError, TypeError, IndexError): key = _key(xb)
+        if self._gen: key = (f'fit {self._gen}', key)  # the model changed since the first fit of `learn.profiling()`: a count of its own
         if key != self._last:
             self._last = key
             self.changes.append((self.rec.tables[Phase.TRAIN].n, key))  # the open row's index: rows close when the next starts
@@ -170,7 +187,7 @@ class FlopCounter(Relay):
     def _enter(self):
         "The draw of a batch to count: the mark, then the counter entered and the watched marks sent here"
         self._draw()
-        self._draw_box[0], self._armed = self._draw, False
+        self._draw_box[0], self._armed = self._close_at_draw, False  # a batch without a backward (no targets) ends its count at the next draw
         self._tries += 1
         t0, c = time.perf_counter(), OpCounter()
         try:
@@ -195,11 +212,17 @@ class FlopCounter(Relay):
             if tb.n - tb.runs[-1][0] >= self.rec.warmup and self.rec.flag(TRACED): self.set_apart += 1
         if slot == BEFORE_STEP: self._close()
 
+    def _close_at_draw(self):
+        "The next draw after a counted batch that had no backward: close the count, then the draw as it is now"
+        self._close()
+        self._draw_box[0]()
+
     def _close(self):
         "Leave the counter, put the switches back, keep the batch's counts if its forward was counted"
         n, self._count = self._count, None
         if n is None: return
         for s, box in self._boxes.items(): box[0] = self._idle[s]
+        self._draw_box[0] = self._draw
         if self._hook is not None: self._hook.remove(); self._hook = None
         c, at = n['counter'], n['at']
         try: c.__exit__(None, None, None)
@@ -207,6 +230,7 @@ class FlopCounter(Relay):
         self.seconds += time.perf_counter() - n['t0']
         if AFTER_PRED not in at:  # the loop's last draw, which finds no batch, or a batch cancelled in its forward: count the next one
             self._armed = not self.note
+            if self._train: self._draw_box[0] = self._enter
             return
         start = at.get('model', 0)
         fwd = at[AFTER_PRED] - start
@@ -215,7 +239,7 @@ class FlopCounter(Relay):
         key = n['key']
         self.counts[key] = {_F: float(fwd), _L: float(loss), _B: float(bwd), 'samples': float(n['samples'])}
         for k, v in c.uncounted.items(): self.uncounted[k] = max(self.uncounted.get(k, 0), v)
-        if bwd == bwd: self._known[key] = (dict(self.counts[key]), dict(c.uncounted))
+        if bwd == bwd: self._known[key[-1] if self._gen else key] = (dict(self.counts[key]), dict(c.uncounted))
 
     def cancel(self, flags:int=6, close:bool=True, t:float|None=None):
         self.to.cancel(flags, close, t)

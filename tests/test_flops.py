@@ -274,3 +274,21 @@ def test_a_later_fit_of_the_same_model_reuses_the_counts():
     assert (frozen.set_apart, frozen.reused) == (1, 0)
     c, c0 = only_count(learn), next(iter(first.counts.values()))
     assert c['forward'] == c0['forward'] and c['backward'] == c0['backward'] - 2*b*16*8  # the frozen layer's weight gradient is gone
+
+def test_profiling_block_counts_again_when_the_model_changes():
+    "`learn.profiling()` over a frozen fit and an unfrozen one (`fine_tune`'s pattern): each fit's batches get their own backward"
+    b = 16
+    learn = tensor_learner(nn.Sequential(nn.Linear(20, 16), nn.Linear(16, 8)), bs=b)
+    for p in learn.model[0].parameters(): p.requires_grad_(False)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        with learn.profiling(show_report=False), learn.no_bar(), learn.no_logging():
+            learn.fit(1)
+            for p in learn.model[0].parameters(): p.requires_grad_(True)
+            learn.fit(1)
+    prof = learn.profile_flops
+    bwd = sorted(c['backward'] for c in prof.counts.values())
+    f1, f2 = 2*b*20*16, 2*b*16*8
+    assert bwd == [f2, f1 + 2*f2]  # frozen: the second layer's weight gradient only (its input needs none); unfrozen: all three
+    rows = prof.rows(8)  # 4 batches a fit
+    assert list(rows[:, 2]) == [f2]*4 + [f1 + 2*f2]*4

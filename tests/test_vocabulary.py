@@ -27,6 +27,8 @@ ALLOWED = {
     ('simpleprofiler.py', '_check_options', 'warmup'): "the `warmup` option of `learn.profile`",
     ('simpleprofiler.py', '_fastxtend_options', 'warmup'): "the `warmup` option, which fastxtend's `drop_first_batch` sets",
     ('simpleprofiler.py', 'SimpleProfilerCallback', 'draw'): "the `draw` mark of the recorder's `MARKS`, which `before_draw` hands over",
+    ('flops.py', '__init__', 'draw'): "the `draw` mark of the recorder's `MARKS`, which the FLOP counter switches",
+    ('flops.py', 'marker', 'draw'): "the `draw` mark of the recorder's `MARKS`, which the FLOP counter switches",
     ('simpleprofiler.py', '_open', 'trace'): "the file of the `trace` option, among the files a profile writes",
     ('simpleprofiler.py', 'outputs', 'trace'): "the file of the `trace` option, among the files a profile writes",
     ('simpleprofiler.py', '_present', 'trace'): "the label of the trace file in the list of files written",
