@@ -12,16 +12,15 @@ __all__ = ['HEAVY', 'MAX_SHAPES', 'SHAPE_EVERY', 'TFLOPS', 'DATASHEET', 'DTYPES'
            'amdahl', 'what_if', 'epoch_values', 'live_cells', 'counting_note', 'flops_text', 'biggest_gain', 'low_mfu']
 
 # %% ../nbs/18_flops.ipynb #643ba410
-import functools, itertools, math, operator, re, sys, time, warnings, weakref
+import functools, itertools, math, operator, re, sys, textwrap, time, weakref
 from dataclasses import dataclass, field
 from functools import partial
 import numpy as np, pandas as pd, torch
 from scipy import stats as sps
 from torch.utils.flop_counter import flop_registry
 from torch.utils._python_dispatch import TorchDispatchMode
-from .recorder import (AFTER_LOAD, AFTER_LOSS, AFTER_PRED, BEFORE_DRAW, BEFORE_STEP, DRAW_STEPS, FLAGS, NEXT_DRAW,
-    NO_BACKWARD, SAMPLES, TRACED, TRAIN_PARTS, EventRecorder, Phase, Relay, Step, check_int, device_view, phase_intervals, traced_rows)
-import textwrap
+from .recorder import (AFTER_LOSS, AFTER_PRED, BEFORE_STEP, DRAW_STEPS, FLAGS, NO_BACKWARD, SAMPLES, TRACED, TRAIN_PARTS,
+    EventRecorder, Phase, Relay, Step, device_view, phase_intervals)
 from .report import format_duration, text_width
 from .advice import Advice
 
@@ -323,8 +322,10 @@ def measure_peak(device='cpu', # Where to measure
     key = (str(device), dtype, torch.get_num_threads())
     if cache and key in _PEAKS: return _PEAKS[key]
     n = n or (1024 if device.type == 'cpu' else 8192)
-    gen = torch.Generator(device='cpu').manual_seed(0)  # the fit's random streams are left alone
-    a, b = (torch.randn(n, n, generator=gen).to(device, DTYPES[dtype]) for _ in range(2))
+    try: gen = torch.Generator(device=device).manual_seed(0)  # its own generator: the fit's random streams are left alone
+    except RuntimeError: gen = None
+    if gen is None: a, b = (torch.randn(n, n, generator=torch.Generator().manual_seed(k)).to(device, DTYPES[dtype]) for k in range(2))
+    else: a, b = (torch.randn(n, n, generator=gen, device=device).to(DTYPES[dtype]) for _ in range(2))
     best, reps, t_end = 0.0, 0, None
     with torch.no_grad():
         torch.mm(a, b); _sync(device)
@@ -421,7 +422,7 @@ FLOP_COLS = ('FLOPs', 'FLOP/s', 'MFU', 'Datasheet MFU')
 FLOP_STEPS = (Step.ITERATION, Step.BATCH, Step.FORWARD, Step.LOSS, Step.BACKWARD)
 
 def _train_rows(rec):
-    "`(durations per step, FLOPs per row (n, 3), flags)` of the buffered steady train rows of `rec` (device time when there is some)"
+    "`(intervals, table)`: `phase_intervals` of `rec`'s buffered train rows (device time when there is some), warmup and trace rows NaN, and their table"
     view = device_view(rec) if isinstance(rec, EventRecorder) else rec
     tb = view.tables[Phase.TRAIN]
     iv = phase_intervals(tb, rec.warmup, tb.steps)
@@ -618,8 +619,6 @@ GAIN_HINTS = {
     Step.DRAW: "more loader workers (`num_workers`), or `learn.speed_find()` to find how many help",
     Step.TRANSFER: '`pin_memory=True`, and send less (images as `uint8`, normalised on the device)',
     Step.TRANSFORMS: 'cheaper batch transforms, or run them on the accelerator',
-    Step.FORWARD: 'mixed precision (`learn.to_fp16()`), `channels_last` for convolutions, a larger batch',
-    Step.BACKWARD: 'mixed precision (`learn.to_fp16()`), `channels_last` for convolutions, a larger batch',
     Step.LOSS: 'a cheaper loss, or computing it under mixed precision',
     Step.OPT_STEP: "a torch optimizer with `foreach=True` or `fused=True` through fastai's `OptimWrapper` (`learn.speed_find()` tries them)",
     Step.ZERO_GRAD: '`zero_grad(set_to_none=True)`',

@@ -5,12 +5,11 @@ change was made, and the live columns in fastai's table with `learn.recorder.val
 
 Timing is asserted only where the question is about time (MFU, the what-if), with bounds a loaded machine keeps."""
 import math, re, warnings
-import numpy as np, pandas as pd, pytest, torch
+import pandas as pd, pytest, torch
 from torch import nn
 from fastai.basics import Learner, DataLoaders, MSELossFlat, set_seed
 from fastai.callback.progress import CSVLogger
 from fastai.data.load import DataLoader
-from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401
 from fastxtend_prof.flops import FLOP_COLS, LIVE_NAMES, flops_text, what_if, measure_peak
 from conftest import row
