@@ -134,7 +134,7 @@ HEADLINE = (Phase.TRAIN, Step.ITERATION)  # the row the verdict leads with and t
 _CHECKED = (('batch_size', 'batch size'), ('device', 'device'), ('device_name', 'device model'), ('sync', 'timing mode (sync)'),
             ('warmup', 'warmup'), ('fastai', 'fastai'), ('torch', 'torch'))
 
-def _samples_per_second(results, phase, step, col:str='Samples/Second') -> float:
+def _value(results, phase, step, col:str='Samples/Second') -> float:
     "The `col` of (`phase`, `step`) in `results`: NaN where the row or the column is missing"
     if col not in results: return math.nan
     r = results[(results.Phase == phase) & (results.Step == step)][col]
@@ -164,9 +164,9 @@ def _row(b:SavedProfile, n:SavedProfile, phase, action, step, alpha, min_change,
         mb, mn = mean(b), mean(n)
         st = {'Base Mean': mb, 'New Mean': mn, 'Change %': 100*(mn/mb - 1) if mb > 0 else math.nan, 'Test': ''}
     sig = bool(st['Test'] and _clear(st['p-value'], st['CI Low %'], st['CI High %'], alpha) and abs(st['Change %']) >= min_change)
-    return dict(Phase=phase, Action=action, Step=step, **st, **{'Base Samples/s': _samples_per_second(b.results, phase, step),
-                'New Samples/s': _samples_per_second(n.results, phase, step), 'Significant': sig,
-                'Base MFU': _samples_per_second(b.results, phase, step, 'MFU'), 'New MFU': _samples_per_second(n.results, phase, step, 'MFU')})
+    return dict(Phase=phase, Action=action, Step=step, **st, **{'Base Samples/s': _value(b.results, phase, step),
+                'New Samples/s': _value(n.results, phase, step), 'Significant': sig,
+                'Base MFU': _value(b.results, phase, step, 'MFU'), 'New MFU': _value(n.results, phase, step, 'MFU')})
 
 def _of_iteration(cmp:pd.DataFrame) -> pd.Series:
     "Each row's change of mean in percent of its phase's base iteration mean (NaN where the phase has no iteration row)"
