@@ -187,7 +187,7 @@ def test_what_if_predicts_a_run_without_the_draw_delay():
     pred = what_if(slowed.simple_profile_recorder, cuts={'draw': 6e-3}).set_index('Change').loc['6 ms less']
     mean = lambda l: row(l.simple_profile_results, 'train', 'iteration')['Mean Duration']
     measured = mean(slowed)/mean(quick)
-    assert abs(measured/pred.Speedup - 1) < 0.08, f"predicted {pred.Speedup:.3f}× ({pred['Speedup Low']:.3f}–{pred['Speedup High']:.3f}), measured {measured:.3f}×"
+    assert abs(measured/pred.Speedup - 1) < 0.1, f"predicted {pred.Speedup:.3f}× ({pred['Speedup Low']:.3f}–{pred['Speedup High']:.3f}), measured {measured:.3f}×"
     top = what_if(slowed.simple_profile_recorder)
     assert top.Step.iloc[0] in ('draw', 'wait')  # the draw's delay is the largest step to lose
 
