@@ -359,10 +359,7 @@ def _live_values(session) -> dict:
     "The epoch's live values (`epoch_values`); a failure leaves them out, never the fit"
     try:
         fc = session.flops
-        prof = None
-        if fc is not None and fc.counts:
-            dev = events.train_device(fc.learn)
-            prof = fc.profile(measured_peak=measure_peak(dev, compute_dtype(fc.learn, dev)))  # cached: measured before the fit
+        prof = flop_profile(fc, fc.learn, events.train_device(fc.learn)) if fc is not None and fc.counts else None  # its peak: cached before the fit
         return epoch_values(session.rec, prof)
     except Exception as e:
         warnings.warn(f'Simple Profiler: the live values could not be worked out: {e!r}')
