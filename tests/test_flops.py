@@ -179,17 +179,26 @@ def sleepy_batches(delay):
     return create_batch
 
 def test_what_if_predicts_a_run_without_the_draw_delay():
-    "Delays of 6 ms in the draw and 3 ms in the forward: the gain predicted for cutting the draw's 6 ms is what a run without it measures"
+    "Delays of 6 ms in the draw and 3 ms in the forward: the gain predicted for taking the draw's delay away is what a run without it measures"
     def iteration(draw_delay):
         learn = fit(tensor_learner(Sleepy(3e-3), n=16*60, bs=16, create_batch=sleepy_batches(draw_delay)))
         return learn
     slowed, quick = iteration(6e-3), iteration(0.)
-    pred = what_if(slowed.simple_profile_recorder, cuts={'draw': 6e-3}).set_index('Change').loc['6 ms less']
-    mean = lambda l: row(l.simple_profile_results, 'train', 'iteration')['Mean Duration']
-    measured = mean(slowed)/mean(quick)
-    assert abs(measured/pred.Speedup - 1) < 0.1, f"predicted {pred.Speedup:.3f}× ({pred['Speedup Low']:.3f}–{pred['Speedup High']:.3f}), measured {measured:.3f}×"
     top = what_if(slowed.simple_profile_recorder)
     assert top.Step.iloc[0] in ('draw', 'wait')  # the draw's delay is the largest step to lose
+    mean = lambda l, s='iteration': row(l.simple_profile_results, 'train', s)['Mean Duration']
+    # the delay as the draw really held it: `sleep(0.006)` overshoots (6.15 ms here), and by more when other work holds the
+    # cores and the woken process waits for one; the prediction is asked for the draw shortened by that much
+    delay = mean(slowed, 'draw') - mean(quick, 'draw')
+    gains = what_if(slowed.simple_profile_recorder, cuts={'draw': delay})
+    pred = gains[gains.Change.str.endswith(' less')].iloc[0]
+    # the two runs are judged only if what the change did not touch (all but the draw) took the same time in both: on a
+    # busy machine other work can slow one run's CPU part by a millisecond a batch, and the comparison then measures the machine
+    rest = [mean(l) - mean(l, 'draw') for l in (slowed, quick)]
+    if abs(rest[1]/rest[0] - 1) >= 0.1:
+        pytest.skip(f'the machine is busy: the steps the change left alone took {rest[0]*1e3:.2f} ms a batch in one run and {rest[1]*1e3:.2f} ms in the other')
+    measured = mean(slowed)/mean(quick)
+    assert abs(measured/pred.Speedup - 1) < 0.1, f"predicted {pred.Speedup:.3f}× ({pred['Speedup Low']:.3f}–{pred['Speedup High']:.3f}), measured {measured:.3f}×"
 
 # ---------------------------------------------------------------------------------------------------- live columns
 def live_fit(capsys, live, bar=True, cbs=(), epochs=2):
