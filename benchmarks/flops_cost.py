@@ -1,4 +1,4 @@
-"""What FLOP counting costs a fit: `learn.profile()` with `flops=True` (the default) against `flops=False`, in one process.
+"""What FLOP counting costs a fit: `learn.profile(flops=True)` against `flops=False` (the default), in one process.
 
 Each round fits fastai's `synth_learner` (one thread) once in each configuration, in alternating order, and times
 fastai's epoch loop (`Learner._do_fit`: every batch; the counted batch included) and the whole `fit` call (the report,
@@ -28,7 +28,7 @@ def timed(learn, flops, loop):
     with warnings.catch_warnings(), learn.no_logging():
         warnings.simplefilter('ignore')
         t = time.perf_counter(); learn.fit(1); t = time.perf_counter() - t
-    return loop[-1], t, (learn.profile_flops.seconds if flops else 0.)
+    return loop[-1], t, (learn.profile_result.flops.seconds if flops else 0.)
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])

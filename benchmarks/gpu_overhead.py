@@ -18,7 +18,7 @@ import argparse, json, os, statistics, subprocess, sys, tempfile, time
 
 CONFIGS = ('none', 'host', 'events', 'device', 'events+mem', 'events+mem1', 'fastxtend')
 OURS = {'host': dict(sync='none'), 'events': dict(sync='events'), 'device': dict(sync='device'),  # timing alone, memory off
-        'events+mem': dict(sync='events', memory=True), 'events+mem1': dict(sync='events', memory=True, memory_every=1)}  # memory: 1 batch in 10, every batch
+        'events+mem': dict(sync='events', memory=True), 'events+mem1': dict(sync='events', memory=dict(every=1))}  # memory: 1 batch in 10, every batch
 WORKLOADS = ('mlp', 'cnn')
 # batch size, train and valid batches per fit, image side
 SIZES = {'mlp': dict(bs=64, n=500, nv=50), 'cnn': dict(bs=256, n=40, nv=8, hw=64)}

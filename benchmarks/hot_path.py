@@ -12,9 +12,9 @@ Two measurements, both on fastai's `synth_learner` with one torch thread:
      the per-batch events from its `_events`, the floor's callbacks go through fastai's `Callback.__call__`);
    - `+ relay`: as `callbacks` plus a relay that watches nothing (its marks are bound straight through);
    - `+ marks`: the recorder takes the marks (the draw still not split);
-   - `+ split`: the draw split on;
-   - `ours`: as shipped, the FLOP counter on too (its shape check at every batch, its switch on three marks, and the
-     one batch a fit it counts; `learn.profile(flops=False)` is `+ split`).
+   - `+ split`: the draw split on: the default profile as shipped;
+   - `+ flops`: with `learn.profile(flops=True)` (its shape check at every train batch, and the one batch a fit it
+     counts on the side).
    The table gives each configuration's µs per batch over `none` (medians of per-round differences), and each part's
    cost as the difference from the row above.
 2. **Each mark alone**, timed with `timeit` on a recorder driven as a fit drives it: what one call costs.
@@ -49,18 +49,18 @@ class Floor(Callback):
 class FloorPre(Floor): order = -1000
 class FloorPost(Floor): order = 49
 
-CONFIGS = ('none', 'floor', 'callbacks', '+ relay', '+ marks', '+ split', 'ours')
+CONFIGS = ('none', 'floor', 'callbacks', '+ relay', '+ marks', '+ split', '+ flops')
 _SHIPPED_MARKER = SimpleProfilerCallback.draw_marker
 
 def fit_loop_us(learn, config:str, n:int) -> float:
     "One fit of `learn` in `config`: µs per batch of fastai's epoch loop"
-    split = config in ('+ split', 'ours')
+    split = config in ('+ split', '+ flops')
     SimpleProfilerCallback.draw_marker = _SHIPPED_MARKER if split else (lambda self: None)
     try:
         if config == 'floor': learn.add_cbs([FloorPre(), FloorPost()])
         elif config != 'none':
             obs = {'callbacks': [Swallow], '+ relay': [Swallow, Relay]}.get(config, [])
-            learn.profile(show_report=False, logger_callback=None, observers=obs, flops=config == 'ours')
+            learn.profile(show_report=False, logger_callback=None, observers=obs, flops=config == '+ flops')
         loop = []
         do_fit = learn._do_fit
         def timed():

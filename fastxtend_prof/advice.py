@@ -15,6 +15,8 @@ from .report import text_width
 # %% ../nbs/15_advice.ipynb #82138bac
 SEVERITIES = ('critical', 'warning', 'info')
 
+def _sentence(s:str) -> str: return s[:1].upper() + s[1:] if isinstance(s, str) else s
+
 @dataclass
 class Advice:
     "One finding of a rule: `rule` id, `severity`, the `evidence` numbers, a `suggestion` and the `verdict` in words"
@@ -26,6 +28,7 @@ class Advice:
 
     def __post_init__(self):
         if self.severity not in SEVERITIES: raise ValueError(f'`severity` must be one of {SEVERITIES}, got {self.severity!r}')
+        self.suggestion, self.verdict = _sentence(self.suggestion), _sentence(self.verdict)  # rules may build them from lower-case parts
 
     def __str__(self):
         head = f'[{self.severity}] {self.rule}' + (f': {self.verdict}' if self.verdict else '')

@@ -10,19 +10,20 @@ __all__ = []
 # %% ../nbs/12_all.ipynb #68ee25f8
 from . import events as _events
 _events.install()  # `before_draw` and the fit watch, registered with fastai (once: importing `events` did it)
-from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, ProfileResult, ProfileMode, recorder_results
-from .report import (format_report, show_report, report_markdown, report_text, format_duration, save_results, save_json,
-                                   load_json, run_metadata)
-from .plots import plot_profile, plot_timeline, timeline_frame, save_plots
+from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, ProfileMode
+from .result import ProfileResult
+from .report import format_report, show_report, report_text, format_duration, save_results, load_json
+from .plots import plot_profile, plot_timeline, timeline_frame
 from .advice import Advice, show_advice
-from .insight import advise, learner_advice, RULES
+from .rules import advise, RULES
+from .gains import what_if
+from .flops import measure_peak
 from .recorder import Relay
+from .features import Feature, register_feature
 from .loggers import Logger, register_logger
 from .compare import compare_profiles, show_comparison, plot_comparison, load_profile
-from .tune import SpeedResult, LearnerState  # and `Learner.speed_find`
-from .flops import FlopProfile, what_if, measure_peak, amdahl
-__all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'ProfileResult', 'ProfileMode', 'recorder_results', 'format_report', 'show_report',
-           'report_markdown', 'report_text', 'format_duration', 'save_results', 'save_json', 'load_json', 'run_metadata',
-           'plot_profile', 'plot_timeline', 'timeline_frame', 'save_plots', 'Advice', 'advise', 'learner_advice', 'show_advice',
-           'RULES', 'Logger', 'register_logger', 'compare_profiles', 'show_comparison', 'plot_comparison', 'load_profile', 'Relay',
-           'SpeedResult', 'LearnerState', 'FlopProfile', 'what_if', 'measure_peak', 'amdahl']
+from .tune import SpeedResult  # and `Learner.speed_find`
+__all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'ProfileResult', 'ProfileMode', 'format_report', 'show_report',
+           'report_text', 'format_duration', 'save_results', 'load_json', 'plot_profile', 'plot_timeline', 'timeline_frame',
+           'Advice', 'advise', 'show_advice', 'RULES', 'what_if', 'measure_peak', 'Logger', 'register_logger', 'Relay', 'Feature',
+           'register_feature', 'compare_profiles', 'show_comparison', 'plot_comparison', 'load_profile', 'SpeedResult']

@@ -8,7 +8,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/arrivals.html.md"""
 __all__ = ['OFFSET_ROUNDS', 'ARRIVE', 'POINTS', 'MAX_BATCHES', 'ARRIVAL_TOL', 'ARRIVAL_SHARE', 'ARRIVAL_MIN_LATE',
            'ARRIVAL_CRITICAL', 'HANDSHAKE_TIMEOUT', 'ARRIVAL_KEY', 'clock_offsets', 'offsets_from', 'mean_allreduce',
            'ArrivalLog', 'ArrivalHook', 'hook_arrivals', 'rank_arrivals', 'with_comm_wait', 'arrival_table',
-           'fake_arrivals', 'arrival_advice', 'drop_waiting', 'arrival_text', 'ArrivalWatch']
+           'arrival_advice', 'straggler_rank', 'drop_waiting', 'arrival_text', 'ArrivalWatch', 'Arrivals']
 
 # %% ../nbs/16_arrivals.ipynb #9b165d1d
 import itertools, math, time
@@ -16,9 +16,11 @@ import numpy as np, pandas as pd
 import torch
 import torch.distributed as dist
 from .recorder import (Phase, Step, BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP,
-                                     AFTER_STEP, PRE_AFTER_BATCH, POST_AFTER_BATCH, NEXT_DRAW, stats, check_int)
+                                     AFTER_STEP, PRE_AFTER_BATCH, POST_AFTER_BATCH, NEXT_DRAW, Relay, stats, check_int)
 from .report import format_duration, results_frame
 from .advice import Advice
+from .features import Feature, register_feature
+from .distributed import default_store, dist_info, straggler_advice, straggler_tip, wait_count
 
 # %% ../nbs/16_arrivals.ipynb #ff3fe903
 OFFSET_ROUNDS = 20  # barriers in the measurement of the ranks' clock offsets
@@ -203,43 +205,10 @@ def arrival_table(ranks:dict, tol:float=ARRIVAL_TOL) -> pd.DataFrame|None:
                      notes=sorted({ranks[r]['note'] for r in order if ranks[r]['note']}))
     return out
 
-# %% ../nbs/16_arrivals.ipynb #e9b5a3b1
-def fake_arrivals(world:int=2, batches:int=4, step:float=1e-3, extra:dict|None=None, syncs=(Step.COMM_WAIT,), warmup:int=1,
-                  offsets=None) -> dict:
-    "`{rank: rank_arrivals-like dict}` of a synthetic data-parallel run: each step takes `step` s (`extra`: `{rank: {step: s}}` more), the steps `syncs` wait for every rank"
-    extra, n = extra or {}, len(POINTS)
-    more = lambda s: np.array([extra.get(r, {}).get(s, 0.) for r in range(world)])
-    pts, t = np.zeros((world, batches, n + 1)), np.zeros(world)
-    for b in range(batches):
-        pts[:, b, 0] = t
-        for k, s in enumerate([s for _, s in POINTS[1:]] + [Step.OTHER], start=1):
-            t = np.full(world, t.max() + step) if s in syncs else t + step + more(s)  # a sync: everyone leaves with the last
-            pts[:, b, k] = t
-    off = np.zeros(world) if offsets is None else np.asarray(offsets, dtype=np.float64)
-    idx, hand, done = np.arange(batches), pts[:, :, 5], pts[:, :, 6]
-    return {r: dict(index=idx, run=np.zeros(batches, np.int64), warm=idx < warmup, points=pts[r] - off[r], waits=done[r] - hand[r],
-                    offset=0., accuracy=0., hooked=True, note='') for r in range(world)}
-
 # %% ../nbs/16_arrivals.ipynb #9b55e6b6
 ARRIVAL_SHARE = 0.25  # of the rest of the median train iteration: the others waiting this long per batch for a rank make it a straggler
 ARRIVAL_MIN_LATE = 5e-4  # s: ... and at least this long
 ARRIVAL_CRITICAL = 0.5  # ... critical from this share of the iteration
-
-_COMPUTE_TIP = ('rank {r} computes more slowly in `{s}`: look for other processes on its machine or device (`top`, `nvidia-smi`), '
-                'a slower or throttled device (clocks, temperature), or a shard with larger items (variable-size inputs: bucket them by '
-                'size so each rank gets alike batches).')
-_TIPS = {
-    Step.DRAW: ('rank {r} waits for its data: check its storage (local disk, cache), its CPU share (DataLoader workers per rank x '
-                'ranks per machine should not exceed the cores) and whether its shard holds heavier items; give it more `num_workers` '
-                'or pre-process the data.'),
-    Step.OPT_STEP: ('rank {r}\'s optimizer step takes longer: a callback that runs on that rank only around the step (gradient '
-                    'clipping, unscaling, logging gradients or weights), or a slower device; run such work on every rank alike or '
-                    'less often.'),
-    Step.OTHER: ('rank {r} does more after each batch: callbacks or logging that run on it alone (progress bar, printing, saving, '
-                 'metrics on rank 0); log less often or move that work out of the loop.'),
-    Step.BATCH: ('rank {r} spends longer in callbacks between the steps: one that runs on that rank only (logging, checks); '
-                 'run it on every rank alike or less often.'),
-}
 
 def arrival_advice(table:pd.DataFrame|None) -> list:
     "`Advice` naming each rank the others wait for (`arrival_table`), with the step its excess is in and where the others wait"
@@ -262,21 +231,27 @@ def arrival_advice(table:pd.DataFrame|None) -> list:
                    + f'; it is the last to arrive in {last:.0%} of the batches where a rank was late, and most of its excess '
                    f'is in `{s}` (+{format_duration(exc)} per batch over the other ranks\' median)'
                    + (f'; the others wait in `{where}`' if where else ''))
-        tip = _TIPS.get(s, _COMPUTE_TIP).format(r=r, s=s)
-        out.append(Advice('straggler_rank', 'critical' if share >= ARRIVAL_CRITICAL else 'warning', ev, tip[0].upper() + tip[1:], verdict + '.'))
+        out.append(Advice('straggler_rank', 'critical' if share >= ARRIVAL_CRITICAL else 'warning', ev, straggler_tip(r, s), verdict + '.'))
     return out
 
-# %% ../nbs/16_arrivals.ipynb #7d728a23
-_RULE_STEPS = {'data_bound': Step.DRAW, 'host_bound_opt_step': Step.OPT_STEP, 'heavy_callbacks': Step.OTHER}  # rules about one step
+def straggler_rank(result, ctx:dict) -> list:
+    "The one straggler rule: each rank the others wait for, from when the ranks arrive at their sync points (`arrival_advice`) where timed, else from the ranks' step means (`distributed.straggler_advice`)"
+    table = getattr(result, 'arrivals', None)
+    if isinstance(table, pd.DataFrame): return arrival_advice(table)
+    ranks = getattr(result, 'rank_results', None)
+    return straggler_advice(ranks) if ranks is not None else []
+straggler_rank.covers = ()
 
+# %% ../nbs/16_arrivals.ipynb #7d728a23
 def drop_waiting(advice:list, table:pd.DataFrame|None, results:pd.DataFrame, rank:int=0) -> list:
     "`advice` on `rank`'s `results` without the rules about a step that is at least half waiting for other ranks (`arrival_table`)"
     if table is None: return advice
     waited = table.attrs.get('waited_in', {}).get(rank, {})
     train = results[results.Phase == Phase.TRAIN].set_index('Step')['Mean Duration']
+    from fastxtend_prof.rules import all_rules
+    covers = {getattr(r, '__name__', ''): getattr(r, 'covers', ()) for r in all_rules()}
     def waiting(a):
-        s = _RULE_STEPS.get(a.rule)
-        return s is not None and s in train.index and waited.get(str(s), 0.) >= 0.5*float(train[s])
+        return any(s in train.index and waited.get(s, 0.) >= 0.5*float(train[s]) for s in covers.get(a.rule, ()))
     return [a for a in advice if not waiting(a)]
 
 # %% ../nbs/16_arrivals.ipynb #09dba652
@@ -302,23 +277,28 @@ _fits = itertools.count()
 
 def _all_ranks_profile(world:int, timeout:float) -> bool:
     "Whether every rank reached this point within `timeout` s, counted in the process group's store"
-    from fastxtend_prof.distributed import _store, _wait_count
-    store, key = _store(), f'{ARRIVAL_KEY}/{next(_fits)}'
+    store, key = default_store(), f'{ARRIVAL_KEY}/{next(_fits)}'
     store.add(key, 1)
-    if not _wait_count(store, key, world, time.monotonic() + timeout):
+    if not wait_count(store, key, world, time.monotonic() + timeout):
         store.set(key + '/gave_up', '1')  # a rank that arrives later sees it and does not go on alone
         return False
     return not store.check([key + '/gave_up'])
 
-class ArrivalWatch:
-    "One profiled fit's arrival times on this rank: started at each train loop (`start`), stopped and packed after the fit (`record`)"
-    def __init__(self, rec):
-        self.rec, self.clock = rec, rec.clock  # the host clock of the recorder's marks
+class ArrivalWatch(Relay):
+    "One profiled fit's arrival times on this rank: a relay that arms them at each train loop (`arm`); packed after the fit (`record`)"
+    def __init__(self, to, learn=None):
+        super().__init__(to)
+        rec, self.learn = self.rec, learn
+        self.clock = rec.clock  # the host clock of the recorder's marks
         self.timer = getattr(rec, 'timer', None)  # an `EventRecorder`'s device timer: the hand-overs are device events
         self.log, self.hooks, self.model, self.anchor = None, [], None, None
         self.offset, self.accuracy, self.note, self.started, self.measured = 0., math.nan, '', False, False
 
-    def start(self, model):
+    def begin_phase(self, phase:Phase):
+        self.to.begin_phase(phase)
+        if phase is Phase.TRAIN and self.learn is not None: self.arm(self.learn.model)
+
+    def arm(self, model):
         "Every rank, at each train loop: the first time, the handshake and the clock offsets; then the hook on the DDP `model` (a new one each fit under fastai's `distrib_ctx`)"
         if not self.started:
             self.started = True
@@ -344,19 +324,39 @@ class ArrivalWatch:
         hook.log = self.log
         self.hooks.append(hook)
 
-    def stop(self):
+    def unhook(self):
         "Take the log off the hooks: the model's all-reduce is DDP's plain one again"
         for h in self.hooks: h.log = None
 
     def record(self) -> dict|None:
         "This rank's `rank_arrivals` on rank 0's clock (device times moved onto the host's through the anchor), or None if nothing was measured"
-        self.stop()
+        self.unhook()
         if not self.measured: return None
         hand, t = None if self.log is None else self.log.hand, self.timer
         if t is None: return rank_arrivals(self.rec.tables[Phase.TRAIN], self.rec.warmup, hand, self.offset, self.offset, self.accuracy, self.note)
         t.synchronize()
-        origin = self.rec._origin  # the device table's times are seconds from this event
+        origin = self.rec.origin  # the device table's times are seconds from this event
         ev, host = self.anchor
         shift = self.offset + t.elapsed(origin, ev) - host  # device time from the origin, minus rank 0's clock
         hand = None if hand is None else {i: t.elapsed(origin, e) for i, e in hand.items()}
         return rank_arrivals(self.rec.device[Phase.TRAIN], self.rec.warmup, hand, shift, self.offset, self.accuracy, self.note)
+
+# %% ../nbs/16_arrivals.ipynb #b5b20289
+def _data_parallel() -> bool:
+    "Whether this process is one of several ranks of an initialised process group"
+    init, _, world = dist_info()
+    return init and world > 1
+
+@register_feature
+class Arrivals(Feature):
+    "On the ranks of a DDP fit: when each rank reaches the gradient all-reduce (a DDP communication hook), the rank the others wait for, and where"
+    name, default, order, shares, rules = 'arrivals', True, 30, True, (straggler_rank,)
+    def relay(self, to, learn):
+        if not _data_parallel(): self.why = 'not a data-parallel fit'; return None
+        return ArrivalWatch(to, learn)
+    def finish(self, learn, watch): return None if watch is None else watch.record()
+    def merge(self, payloads:dict): return arrival_table(payloads)
+    def add_columns(self, results, arr, result): return with_comm_wait(results, arr) if isinstance(arr, dict) else results
+    def text(self, table, result): return arrival_text(table) if isinstance(table, pd.DataFrame) else ''
+    def review(self, advice, table, result):
+        return drop_waiting(advice, table, result.results) if isinstance(table, pd.DataFrame) else advice

@@ -95,7 +95,7 @@ def demo(epochs:int=2, bs:int=64, num_workers:int=2, slow_data:float=0., lr:floa
         learn.remove_cb(ProgressCallback)
         learn.logger = partial(print_epoch, learn)
     kw = dict(save_csv=True, csv_name=Path(csv).absolute()) if csv else {}
-    if plot: kw['plot_name'] = Path(plot).absolute()
+    if plot: kw['plot'] = Path(plot).absolute()
     if trace: kw['trace'] = dict(path=Path(trace).absolute())
     learn.profile(show_report=show_report, plain=True, warmup=warmup, sync=sync, **kw)
     learn.fit_one_cycle(epochs, lr)
@@ -222,6 +222,6 @@ def main(argv=None):
     torch.set_num_threads(max(1, torch.get_num_threads()))
     learn = demo(epochs=a.epochs, bs=a.bs, num_workers=a.num_workers, slow_data=a.slow_data, warmup=a.warmup, progress=not a.no_progress,
                  sync=a.sync, device=a.device, **out)  # the report's last line says which files were written
-    trace = getattr(learn, 'profile_trace', None)
+    trace = getattr(learn.profile_result, 'trace', None)
     if a.trace and trace and trace.get('trace_path'): print('open the trace in https://ui.perfetto.dev or chrome://tracing')
     return 0

@@ -8,8 +8,8 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/compare.html.md"""
 __all__ = ['COMPARED', 'ALPHA', 'MIN_CHANGE', 'MIN_SHARE', 'MIN_CALLS', 'CONFIDENCE', 'HEADLINE', 'COMPARE_COLS', 'VERDICT_STEPS',
            'BASELINE_RATIO', 'BASELINE_HINTS', 'step_distributions', 'encode_distributions', 'decode_distributions',
            'SavedProfile', 'load_profile', 'profile_of', 'as_profile', 'change_stats', 'comparability',
-           'compare_profiles', 'comparison_verdict', 'slower_than', 'baseline_advice', 'format_comparison',
-           'show_comparison', 'plot_comparison']
+           'compared_columns', 'compare_profiles', 'comparison_verdict', 'slower_than', 'baseline_advice', 'baseline',
+           'Baseline', 'format_comparison', 'comparison_text', 'show_comparison', 'plot_comparison']
 
 # %% ../nbs/08_compare.ipynb #65a33dda
 import base64, math, textwrap
@@ -22,7 +22,8 @@ from .recorder import (
     device_view, fold, phase_intervals, TRAIN_PARTS)
 from .report import read_json_doc, results_of_doc, run_metadata, format_duration, text_table, text_width
 from .advice import Advice
-from .flops import flops_metadata
+from .features import FEATURES, Feature, Later, register_feature
+from .gains import independent_ratio
 from .plots import SEGMENT_COLORS, segment_times, new_axes, duration_ticks, save_figure
 
 # %% ../nbs/08_compare.ipynb #57f9b0b8
@@ -85,13 +86,13 @@ def load_profile(path) -> SavedProfile:
     return SavedProfile(*results_of_doc(doc), decode_distributions(doc.get('distributions', {})), str(path))
 
 def profile_of(learn) -> SavedProfile:
-    "The last profiled fit of `learn` as a `SavedProfile`"
-    r = learn.__dict__.get('profile_result')
+    "The last profiled fit of `learn` as a `SavedProfile`: its results, the run's metadata with each feature's, its per-step distributions"
+    r = getattr(learn, 'profile_result', None)
     if r is None: raise ValueError('this Learner has no profile yet: call `learn.profile()` and fit, then compare')
-    meta, mem = run_metadata(learn, r.recorder.warmup, r.sync), getattr(r, 'memory', None)
-    if mem is not None: meta['memory'] = dict(device=mem.device, model=mem.model, capacity_bytes=mem.capacity, fit_peak_bytes=mem.fit_peak, every=mem.every)
-    fl = getattr(r, 'flops', None)
-    if fl is not None: meta['flops'] = flops_metadata(fl)
+    meta = run_metadata(learn, r.recorder.warmup, r.sync)
+    for f in r.features:
+        m = f.metadata(r.payload(f.name))
+        if m is not None: meta[f.name] = m
     return SavedProfile(r.results, meta, step_distributions(r.recorder), 'this Learner')
 
 def as_profile(x, name:str='profile') -> SavedProfile:
@@ -116,9 +117,7 @@ def change_stats(base, new, confidence:float=0.95) -> dict:
     out = {'Base Calls': nb, 'New Calls': nn, 'Base Mean': mb, 'New Mean': mn, 'Base Median': medb, 'New Median': medn,
            'Change %': 100*(mn/mb - 1) if mb > 0 else math.nan}
     if min(nb, nn) < 2 or not (mb > 0 and mn > 0): return {**out, 'CI Low %': math.nan, 'CI High %': math.nan, 'p-value': math.nan, 'Test': ''}
-    se = math.sqrt(vb/(nb*mb*mb) + vn/(nn*mn*mn))  # of log(mn/mb), by the delta method
-    z = float(sps.norm.ppf(0.5 + confidence/2))
-    lo, hi = (100*(math.exp(math.log(mn/mb) + k*z*se) - 1) for k in (-1, 1))
+    _, lo, hi = (100*(x - 1) for x in independent_ratio((nn, mn, vn), (nb, mb, vb), confidence))  # the delta method
     if isinstance(base, np.ndarray) and isinstance(new, np.ndarray):
         p, test = float(sps.mannwhitneyu(base, new, alternative='two-sided').pvalue), 'Mann-Whitney U'
     else:
@@ -166,7 +165,7 @@ def _row(b:SavedProfile, n:SavedProfile, phase, action, step, alpha, min_change,
     sig = bool(st['Test'] and _clear(st['p-value'], st['CI Low %'], st['CI High %'], alpha) and abs(st['Change %']) >= min_change)
     return dict(Phase=phase, Action=action, Step=step, **st, **{'Base Samples/s': _value(b.results, phase, step),
                 'New Samples/s': _value(n.results, phase, step), 'Significant': sig,
-                'Base MFU': _value(b.results, phase, step, 'MFU'), 'New MFU': _value(n.results, phase, step, 'MFU')})
+                **{f'{w} {c}': _value(p.results, phase, step, c) for c in compared_columns() for w, p in (('Base', b), ('New', n))}})
 
 def _of_iteration(cmp:pd.DataFrame) -> pd.Series:
     "Each row's change of mean in percent of its phase's base iteration mean (NaN where the phase has no iteration row)"
@@ -174,7 +173,11 @@ def _of_iteration(cmp:pd.DataFrame) -> pd.Series:
     return 100*(cmp['New Mean'] - cmp['Base Mean'])/cmp.Phase.map(it)
 
 COMPARE_COLS = ('Phase', 'Action', 'Step', 'Base Mean', 'New Mean', 'Change %', 'CI Low %', 'CI High %', 'Of Iteration %', 'Base Median', 'New Median',
-                'Base Calls', 'New Calls', 'Base Samples/s', 'New Samples/s', 'p-value', 'Test', 'Significant', 'Result', 'Base MFU', 'New MFU')
+                'Base Calls', 'New Calls', 'Base Samples/s', 'New Samples/s', 'p-value', 'Test', 'Significant', 'Result')  # then each feature's compared columns
+
+def compared_columns() -> dict:
+    "`{column: format}` of the features' columns a comparison shows for both runs (`Feature.compared`), such as the FLOPs feature's MFU"
+    return {c: fmt for f in FEATURES.values() for c, fmt in dict(f.compared).items()}
 
 def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_json=True)`, a `SavedProfile` or a profiled Learner
                      new, # The run to judge, in any of the same forms
@@ -195,7 +198,7 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
     out['Of Iteration %'] = _of_iteration(out)
     out['Significant'] = out.Significant & ~(out['Of Iteration %'].abs() < min_share)   # NaN (no iteration row): not held back
     out['Result'] = np.where(out.Significant, np.where(out['Change %'] > 0, 'slower', 'faster'), 'no significant change')
-    out = out.reindex(columns=list(COMPARE_COLS)).astype({'Significant': bool})
+    out = out.reindex(columns=[*COMPARE_COLS, *(f'{w} {c}' for c in compared_columns() for w in ('Base', 'New'))]).astype({'Significant': bool})
     out.attrs.update(warnings=comparability(b, n), alpha=alpha, min_change=min_change, min_share=min_share, confidence=confidence,
                      base=b.source, new=n.source)
     out.attrs['verdict'] = comparison_verdict(out)
@@ -213,7 +216,9 @@ def comparison_verdict(cmp:pd.DataFrame) -> str:
     it, level = t.loc[Step.ITERATION], cmp.attrs.get('confidence', CONFIDENCE)
     ch, lo, hi = it['Change %'], it['CI Low %'], it['CI High %']
     speed = f", {it['Base Samples/s']:,.0f} → {it['New Samples/s']:,.0f} samples/s" if it['Base Samples/s'] == it['Base Samples/s'] else ''
-    if it['Base MFU'] == it['Base MFU'] and it['New MFU'] == it['New MFU']: speed += f", MFU {it['Base MFU']:.1%} → {it['New MFU']:.1%}"
+    for c, fmt in compared_columns().items():
+        b, n = it.get(f'Base {c}', math.nan), it.get(f'New {c}', math.nan)
+        if b == b and n == n: speed += f', {c} {fmt.format(b)} → {fmt.format(n)}'
     ci = f'{level:.0%} CI {_pct(lo)} to {_pct(hi)}' if lo == lo else 'untested'
     if it['Significant']: head = f"train iteration {abs(ch):.0f}% {'faster' if ch < 0 else 'slower'} ({_pct(ch)} time, {ci}{speed})"
     else: head = f'train iteration: no significant change ({_pct(ch)} time, {ci}{speed})'
@@ -265,6 +270,30 @@ def baseline_advice(cmp:pd.DataFrame) -> list:
                           f"{r.Phase} {r.Step} takes {ratio:.1f}× the baseline's time per batch ({format_duration(ev['new_mean_s'])} vs {format_duration(ev['base_mean_s'])})"))
     return out
 
+# %% ../nbs/08_compare.ipynb #5c152e2c
+def baseline(result, ctx:dict) -> list:
+    "The rule of the `Baseline` feature: `baseline_advice` on the fit's comparison with its baseline"
+    cmp = getattr(result, 'baseline', None)
+    return baseline_advice(cmp) if cmp is not None else []
+baseline.covers = ()
+
+@register_feature
+class Baseline(Feature):
+    "The fit compared with a profile saved earlier (`save_json=True`): the comparison under the report, and advice on the steps that got slower"
+    name, order, main, rules = 'baseline', 950, 'profile', (baseline,)
+    def __init__(self,
+        profile=None, # The run to compare with: a JSON file from `learn.profile(save_json=True)`, a `SavedProfile` or a profiled Learner
+    ):
+        if profile is None: raise ValueError('`baseline` needs the profile to compare with: a JSON file saved with `learn.profile(save_json=True)`')
+        self.profile = as_profile(profile, 'baseline')  # read now: a bad file fails here, not after training
+    def finish(self, learn, relay):
+        base, meta = self.profile, run_metadata(learn)  # the run's metadata now; the comparison when first read
+        def compare(r): return compare_profiles(base, SavedProfile(r.results, {**meta, 'warmup': r.recorder.warmup, 'sync': r.sync},
+                                                                   step_distributions(r.recorder), 'this fit'))
+        return Later(compare)
+    def text(self, cmp, result): return '' if cmp is None else comparison_text(cmp)
+    def __repr__(self): return f'Baseline({self.profile.source!r})'
+
 # %% ../nbs/08_compare.ipynb #a57154d0
 def format_comparison(cmp:pd.DataFrame) -> pd.DataFrame:
     "`cmp` formatted for people: durations scaled, changes and intervals in percent, throughput before → after"
@@ -276,8 +305,8 @@ def format_comparison(cmp:pd.DataFrame) -> pd.DataFrame:
                          'CI': [f'{lo:+.1f}% to {hi:+.1f}%' if lo == lo else '' for lo, hi in zip(cmp['CI Low %'], cmp['CI High %'])],
                          'p': f('p-value', lambda v: f'{v:.2g}'), 'Result': cmp.Result, 'Samples/s': speed})
 
-def show_comparison(cmp:pd.DataFrame, width:int|None=None):
-    "Print the verdict, any warnings, and the table of `cmp` (`compare_profiles`) in `width` columns"
+def comparison_text(cmp:pd.DataFrame, width:int|None=None) -> str:
+    "The verdict, any warnings, and the table of `cmp` (`compare_profiles`) in `width` columns"
     width = width or text_width()
     fill = lambda s, indent='': textwrap.fill(s, width, subsequent_indent=indent or '    ')
     lines = [fill('Compared with the baseline: ' + cmp.attrs.get('verdict', comparison_verdict(cmp)))]
@@ -288,7 +317,11 @@ def show_comparison(cmp:pd.DataFrame, width:int|None=None):
                       f"p: {' / '.join(tests) or 'no test'}; significant if p < {cmp.attrs.get('alpha', ALPHA)} and the mean moved "
                       f"{cmp.attrs.get('min_change', MIN_CHANGE):g}% or more, and by {cmp.attrs.get('min_share', MIN_SHARE):g}% of the "
                       "iteration or more."))
-    print('\n'.join(lines))
+    return '\n'.join(lines)
+
+def show_comparison(cmp:pd.DataFrame, width:int|None=None):
+    "Print the verdict, any warnings, and the table of `cmp` (`compare_profiles`) in `width` columns"
+    print(comparison_text(cmp, width))
 
 # %% ../nbs/08_compare.ipynb #edd2de61
 def _per_batch(results:pd.DataFrame, phase:str) -> dict:

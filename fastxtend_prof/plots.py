@@ -78,7 +78,7 @@ def _times(rec, host=False):
     "`rec`, or the device's view of it when it recorded device events (the times the report shows), unless `host`"
     return device_view(rec) if isinstance(rec, EventRecorder) and not host else rec
 
-def timeline_frame(rec:TimingRecorder, # The recorder of a profiled fit: `learn.simple_profile_recorder`
+def timeline_frame(rec:TimingRecorder, # The recorder of a profiled fit: `learn.profile_result.recorder`
                    host:bool=False, # With device events (`sync='events'`), the host's times instead of the device's
                   ) -> pd.DataFrame:
     "One row per batch recorded in `rec`, in the order they ran: phase, epoch, iter, warmup, trace and each step's seconds"
@@ -177,7 +177,7 @@ def plot_profile(results:pd.DataFrame, # `learn.simple_profile_results`
     return fig
 
 # %% ../nbs/07_plots.ipynb #15101a14
-def plot_timeline(rec:TimingRecorder, # The recorder of a profiled fit: `learn.simple_profile_recorder`
+def plot_timeline(rec:TimingRecorder, # The recorder of a profiled fit: `learn.profile_result.recorder`
                   ax=None, # A matplotlib axes to draw on; a new figure when None
                   fname:str|Path|None=None, # Save the figure to this file (PNG unless its suffix says otherwise)
                   phase:str=Phase.TRAIN, # Which loop's batches to draw: 'train' or 'valid'
@@ -186,7 +186,7 @@ def plot_timeline(rec:TimingRecorder, # The recorder of a profiled fit: `learn.s
     if str(phase) not in (Phase.TRAIN, Phase.VALID): raise ValueError(f"`phase` must be 'train' or 'valid', got {phase!r}")
     tb = _times(rec).tables[Phase(str(phase))]
     if tb.offset: raise ValueError(f'the timeline needs every batch, but {tb.offset} of the {tb.n} {phase} batches were folded into '
-                                   'summaries (`learn.profile(keep_raw=False)`, or a Learner loaded from `learn.export()` without `export_raw=True`): '
+                                   'summaries (`learn.profile(keep_raw=False)`, or a result pinned into an exported Learner without `raw=True`): '
                                    'profile with `keep_raw=True` to plot it')
     tl = timeline_frame(rec)
     tl = tl[tl.phase == str(phase)].reset_index(drop=True)
@@ -225,10 +225,10 @@ def plot_timeline(rec:TimingRecorder, # The recorder of a profiled fit: `learn.s
 
 # %% ../nbs/07_plots.ipynb #6b44faee
 def _profiled(learn, what):
-    res, rec = getattr(learn, 'simple_profile_results', None), getattr(learn, 'simple_profile_recorder', None)
-    if res is None or rec is None:
+    r = getattr(learn, 'profile_result', None)
+    if r is None:
         raise RuntimeError(f'`learn.{what}()` needs a profiled fit: call `learn.profile()`, then fit, then plot (this Learner has no profile yet)')
-    return res, rec
+    return r.results, r.recorder
 
 def _learner_plot_profile(self:Learner,
     fname:str|Path|None=None, # Save the figure to this file (PNG unless its suffix says otherwise)

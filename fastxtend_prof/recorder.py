@@ -10,10 +10,9 @@ __all__ = ['BEFORE_DRAW', 'BEFORE_BATCH', 'AFTER_PRED', 'AFTER_LOSS', 'BEFORE_BA
            'AFTER_TFMS', 'N_SLOTS', 'NO_BACKWARD', 'NO_STEP', 'NO_ZERO_GRAD', 'TRACED', 'TRAIN_STEPS', 'VALID_STEPS',
            'SUB_STEPS', 'DRAW_STEPS', 'STEP_SLOTS', 'TOP_STEPS', 'APART', 'SPANS', 'LOOP_STEPS', 'THROUGHPUT_STEPS',
            'ITERATION_STEPS', 'TRAIN_PARTS', 'MARKS', 'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase',
-           'Step', 'BatchTable', 'SyncClock', 'Relay', 'is_set', 'draw_sources', 'TimingRecorder', 'FakeClock',
-           'traced_rows', 'phase_intervals', 'stats', 'StepSummary', 'fold', 'empty_runs', 'summarize',
-           'TorchEventTimer', 'FakeDevice', 'EventRecorder', 'device_view', 'make_recorder', 'check_int',
-           'check_number']
+           'Step', 'BatchTable', 'SyncClock', 'Relay', 'is_set', 'draw_sources', 'TimingRecorder', 'traced_rows',
+           'phase_intervals', 'stats', 'StepSummary', 'fold', 'empty_runs', 'summarize', 'TorchEventTimer',
+           'EventRecorder', 'device_view', 'make_recorder', 'check_int', 'check_number']
 
 # %% ../nbs/00_recorder.ipynb #23875a1a
 import math, time
@@ -313,14 +312,6 @@ class TimingRecorder:
 
     def __getstate__(self): return {k: v for k, v in self.__dict__.items() if k not in self._stateattrs}
 
-# %% ../nbs/00_recorder.ipynb #44bcf69b
-class FakeClock:
-    "A clock for tests: returns `times` in order, or advances by `step` seconds per call"
-    def __init__(self, times=None, step:float=1.0): self.times, self.step, self.t = list(times or []), step, 0.0
-    def __call__(self):
-        self.t = self.times.pop(0) if self.times else self.t + self.step
-        return self.t
-
 # %% ../nbs/00_recorder.ipynb #c3bfbe65
 def traced_rows(m) -> np.ndarray:
     "Which rows of marks `m` (an `(n, N_SLOTS)` array) a trace window touched: flagged `TRACED`"
@@ -548,19 +539,6 @@ class TorchEventTimer:
     def ready(self, e) -> bool: return e.query()
     def synchronize(self): self._sync()
 
-class FakeDevice:
-    "A simulated asynchronous accelerator: `host(s)` spends host time, `launch(s)` queues device work; a timer and a sync"
-    def __init__(self): self.t, self.cursor = 0., 0.
-    def clock(self) -> float: return self.t
-    def host(self, s:float): self.t += s
-    def launch(self, s:float): self.cursor = max(self.cursor, self.t) + s
-    def sync(self): self.t = max(self.t, self.cursor)
-    # the timer interface: an event's token is the device time at which the device reaches it
-    def record(self) -> float: return max(self.cursor, self.t)
-    def elapsed(self, a, b) -> float: return b - a
-    def ready(self, e) -> bool: return e <= self.t
-    def synchronize(self): self.sync()
-
 # %% ../nbs/00_recorder.ipynb #aee01cde
 class EventRecorder(TimingRecorder):
     "A `TimingRecorder` that also records a device event at every boundary through `timer` and resolves them lazily"
@@ -577,6 +555,11 @@ class EventRecorder(TimingRecorder):
         self._ev, self._draw_ev, self._end_ev, self._origin = [None]*N_SLOTS, None, None, None
         self._pending, self._span_ev, self._run_ev = [], {}, None
         self._sub_ev = [None]*3  # the events of `_sub`
+
+    @property
+    def origin(self):
+        "The device event that the device tables' times count from (None before the fit's first mark)"
+        return self._origin
 
     def start(self, step:Step):
         if self._origin is None and self._bind is not None: self._bind()

@@ -6,7 +6,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/trace.html.md"""
 
 # %% auto #0
 __all__ = ['TRACE_NAME', 'TRACE_DEFAULTS', 'TOP_OPS', 'RANGE_NAMES', 'FASTAI_TIPS', 'trace_config', 'in_library', 'tidy_advice',
-           'MatcherMissing', 'TraceWindow', 'TraceObserver']
+           'MatcherMissing', 'TraceWindow', 'TraceObserver', 'trace_note', 'trace_findings', 'Trace']
 
 # %% ../nbs/04_trace.ipynb #430c82bc
 import json, math, os, re, tempfile, time, warnings
@@ -17,6 +17,9 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 from .recorder import (AFTER_LOSS, AFTER_PRED, AFTER_STEP, APART, BEFORE_BACKWARD, BEFORE_STEP, DRAW_STEPS, NO_STEP,
     NO_ZERO_GRAD, PRE_AFTER_BATCH, TRACED, TRAIN_STEPS, VALID_STEPS, Phase, Relay, Step, check_int)
 from .advice import Advice
+from .report import output_path
+from .features import Feature, register_feature
+from .rules import REMEDIES
 
 # %% ../nbs/04_trace.ipynb #54d57c3b
 TRACE_NAME = 'profile_trace.json'
@@ -85,7 +88,7 @@ FASTAI_TIPS = {
         '`Learner(..., opt_func=partial(OptimWrapper, opt=torch.optim.AdamW))`. The time saved is usually small.'),
     'Optimizer Single Tensor Pattern': (
         'The torch optimizer updates one parameter tensor at a time: pass `foreach=True` (or `fused=True` on CUDA) through '
-        "fastai's wrapper, `opt_func=partial(OptimWrapper, opt=torch.optim.AdamW, foreach=True)`."),
+        "fastai's wrapper, " + REMEDIES['foreach'].keep.format(opt='AdamW') + '.'),
     'Synchronized DataLoader Pattern': (
         'Batches are loaded in the training process, which waits for them: pass `num_workers` > 0 where the `DataLoaders` '
         'are built (`DataLoaders.from_dsets(..., num_workers=4)`, `dblock.dataloaders(source, num_workers=4)`).'),
@@ -321,3 +324,39 @@ class TraceObserver(Relay):
             self._range()
             self.to.abort()
         finally: self._finish(self.window.abort)
+
+# %% ../nbs/04_trace.ipynb #2164d108
+_EXPORT_NOTE_S = 1.0  # s: writing the trace after the fit this long is worth a word in the title
+
+def trace_note(trace:dict) -> str:
+    "Where the trace window's batches went, and the wait after the fit when writing the trace took a while"
+    note = 'trace window: the batches torch.profiler ran in are the `trace` rows, kept out of the step statistics'
+    if trace.get('export_s', 0) >= _EXPORT_NOTE_S: note += f"; writing the trace took {trace['export_s']:.1f} s after the fit, outside the timings"
+    if trace.get('matcher_note'): note += f"; {trace['matcher_note']}"
+    return note
+
+def trace_findings(result, ctx:dict) -> list:
+    "The rule of the `Trace` feature: torch's anti-pattern findings in its window, in fastai terms (`tidy_advice`)"
+    t = getattr(result, 'trace', None)
+    return list((t or {}).get('anti_patterns', ()))
+trace_findings.covers = ()
+
+@register_feature
+class Trace(Feature):
+    "A torch.profiler window over a few train batches: a chrome trace, the operators inside each fastai step, torch's anti-pattern findings"
+    name, order, rules = 'trace', 10, (trace_findings,)
+    def __init__(self,
+        wait:int=2, # Train batches before the profiler starts
+        warmup:int=1, # Batches profiled and discarded (first-call costs)
+        active:int=3, # Batches recorded
+        path=TRACE_NAME, # Where the chrome/Perfetto trace goes, relative to `learn.path`
+    ):
+        self.config, self._path = trace_config(dict(wait=wait, warmup=warmup, active=active, path=path)), None
+    def files(self, path):
+        self._path = output_path(os.path.join(path, self.config['path']), TRACE_NAME)
+        return {'trace': self._path}
+    def relay(self, to, learn): return TraceObserver(to, TraceWindow(**{**self.config, 'path': self._path or self.config['path']}))
+    def finish(self, learn, obs): return None if obs is None else obs.result
+    def note(self, res): return '' if res is None else trace_note(res)
+    def text(self, res, result): return f"Trace: written to {res['trace_path']}." if res and res.get('trace_path') else ''
+    def __repr__(self): return f'Trace({self.config})'

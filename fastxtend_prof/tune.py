@@ -16,7 +16,6 @@ import copy, gc, math, os, random, textwrap, time
 from dataclasses import dataclass, field, replace
 import numpy as np, pandas as pd, torch
 from torch import nn
-from scipy import stats
 from fastcore.basics import patch
 from fastcore.foundation import L
 from fastai.learner import Learner
@@ -26,17 +25,17 @@ from .recorder import Phase, Step, check_int, check_number, SYNC_MODES
 from .report import format_duration, text_table, text_width
 from .compare import compare_profiles, profile_of, ALPHA, MIN_CHANGE, CONFIDENCE
 from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, _data_parallel
-from .insight import torch_optimizer, _loader_settings
+from .rules import REMEDIES, torch_optimizer, _loader_settings
 from .events import train_device
 from .plots import new_axes, save_figure
-from .flops import amdahl
+from .gains import amdahl, block_means, interval
 
 # %% ../nbs/17_tune.ipynb #89a7b6fd
 TARGET_SHARE = 0.1  # a step at least this share of the train iteration is worth a trial
 MIN_PREDICTED = 5.0  # percent: a fix predicted to save less is not tried (unless asked for with `allow`)
 KNEE = 1.05  # num_workers: the fewest workers whose predicted iteration is within 5% of the best prediction
 HANDOFF = 1e-3  # s: a batch handed from a worker process to the main one (pickled, queued, unpickled); about 1 ms measured on the 2-core VM
-SAVES = dict(pin_memory=0.5, transforms_on_device=0.8, foreach=0.5, fused=0.7, channels_last=0.15, mixed_precision=0.4)
+SAVES = {k: r.saves for k, r in REMEDIES.items() if r.saves}  # the share of its step each fix usually removes: `rules.REMEDIES`
 ASKED = ('mixed_precision', 'batch_size')  # fixes that change the numerics or the training: tried only when allowed
 CHANGES = dict(num_workers='speed only', pin_memory='speed only', transforms_on_device='speed only', foreach='last bits',
                fused='last bits', channels_last='last bits', mixed_precision='numerics', batch_size='training')
@@ -145,7 +144,7 @@ def plan(times:dict, # `steady_times` of the configuration to improve on
         else: notes.append('mixed precision: only tried on an accelerator')
     if 'batch_size' in allow and ctx['fastai_loader'] and ctx['bs']:
         other = times.get(Step.OTHER, 0.)
-        fixes.append(Fix('batch_size', 2*ctx['bs'], Step.ITERATION, amdahl(it, other, 0.5), 'a larger batch shares the per-batch costs (the callbacks, the loop) over more samples'))
+        fixes.append(Fix('batch_size', 2*ctx['bs'], Step.ITERATION, amdahl(it, other, SAVES['batch_size']), 'a larger batch shares the per-batch costs (the callbacks, the loop) over more samples'))
     fixes = [f for f in fixes if f.kind not in done and (f.kind in allow or _gain(it, f.predicted) >= MIN_PREDICTED)]
     return sorted(fixes, key=lambda f: f.predicted), notes
 
@@ -310,7 +309,7 @@ def set_aside(learn) -> list:
 
 def run_trial(learn, batches:int, warmup:int, deadline:float, sync:str='auto'):
     "Profile `learn` training `batches` steady train batches (after `warmup` per loop, before the last), no validation: the `SavedProfile`"
-    learn.profile(show_report=False, warmup=warmup, arrivals=False, logger_callback=None, sync=sync, memory=False, flops=False)
+    learn.profile(show_report=False, warmup=warmup, logger_callback=None, sync=sync, features=False)  # timings only: no feature, whatever is registered
     epochs = math.ceil(batches/max(1, len(learn.dls.train) - warmup)) + 1
     try:
         with learn.no_logging(): learn.fit(epochs, cbs=TrialEnd(batches, warmup, deadline))
@@ -326,8 +325,7 @@ def without_last(prof):
 def blocked(prof, b:int):
     "`prof` with each step's per-batch durations replaced by their means over blocks of `b` batches (the last partial block left out)"
     if b <= 1: return prof
-    cut = lambda d: d[:len(d)//b*b].reshape(-1, b).mean(1) if isinstance(d, np.ndarray) and len(d) >= 2*b else d
-    return replace(prof, distributions={k: cut(v) for k, v in prof.distributions.items()})
+    return replace(prof, distributions={k: block_means(v, size=b) if isinstance(v, np.ndarray) else v for k, v in prof.distributions.items()})
 
 def _per_start_batch(prof, bs0:int):
     "`prof` with its per-batch durations rescaled to `bs0` samples a batch: how a batch-size trial is compared"
@@ -348,22 +346,16 @@ def _measured(prof=None, block:int=1, confidence:float=CONFIDENCE) -> dict:
     rate = bs/float(d.mean()) if bs and len(d) else float(r['Samples/Second'].iloc[0]) if len(r) else nan  # of the batches the statistics keep
     out = {'Median': float(np.median(d)) if len(d) else nan, 'Mean': float(d.mean()) if len(d) else nan, 'Batches': len(d),
            'Samples/s': rate, 'Samples/s Low': nan, 'Samples/s High': nan}
-    blocks = blocked(replace(prof, distributions={_KEY: d}), block).distributions[_KEY] if len(d) >= 2 else d
+    blocks = block_means(d, size=block)
     if len(blocks) < 2: return out
-    mean, hw = out['Mean'], float(stats.norm.ppf(0.5 + confidence/2))*float(blocks.std(ddof=1))/math.sqrt(len(blocks))
-    return {**out, 'Samples/s Low': rate*mean/(mean + hw), 'Samples/s High': rate*mean/(mean - hw) if mean > hw else math.inf}
+    lo, hi = interval(rate, float(blocks.std(ddof=1))/(math.sqrt(len(blocks))*out['Mean']), confidence)  # the delta method: the mean's spread, on rate's log scale
+    return {**out, 'Samples/s Low': lo, 'Samples/s High': hi}
 
 def _iteration_row(cmp) -> dict:
     r = cmp[(cmp.Phase == Phase.TRAIN) & (cmp.Step == Step.ITERATION)]
     return r.iloc[0].to_dict() if len(r) else {}
 
-KEEP = dict(num_workers='pass `num_workers={v}` where you build the DataLoaders (e.g. `ImageDataLoaders.from_folder(path, ..., num_workers={v})`)',
-            pin_memory='pass `pin_memory=True` where you build the DataLoaders',
-            transforms_on_device="build the DataLoaders with `device='{v}'`, so the batch transforms run there",
-            foreach='`Learner(..., opt_func=partial(OptimWrapper, opt=torch.optim.{opt}, foreach=True))`',
-            fused='`Learner(..., opt_func=partial(OptimWrapper, opt=torch.optim.{opt}, fused=True))`',
-            channels_last='`learn.to_channelslast(use_amp=False)`', mixed_precision='`learn.to_fp16()`',
-            batch_size='build the DataLoaders with `bs={v}` (and adapt the learning rate)')
+KEEP = {k: r.keep for k, r in REMEDIES.items() if r.keep}  # the code that keeps each fix: `rules.REMEDIES`
 
 # %% ../nbs/17_tune.ipynb #5026a5dc
 @dataclass

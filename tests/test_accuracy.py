@@ -100,7 +100,7 @@ def profiled_fit(waits, mode, clock=None):
     with spend.using(waits, clock), recorder_with(host, mode):
         learn = make_learner(cbs).profile(show_report=False, sync=mode)
         with learn.no_logging(): learn.fit(EPOCHS)
-    assert learn.simple_profile_sync == mode
+    assert learn.profile_result.sync == mode
     return learn.simple_profile_results
 
 @pytest.fixture(scope='module', params=['none', 'device', 'events'])

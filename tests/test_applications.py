@@ -2,7 +2,7 @@
 filtering, each on small data made here or shipped with scikit-learn (no downloads, no pretrained weights).
 
 The promise under test: a profiler observes and never changes the run. For each application an unprofiled and a
-profiled run from the same seed must end with bit-identical weights and metrics (`learn.recorder.values`). That is
+profiled run (FLOP counting on) from the same seed must end with bit-identical weights and metrics (`learn.recorder.values`). That is
 only a fair test when the application itself is deterministic, so a mismatch is judged once more: a second unprofiled
 run that differs from the first says the run is not deterministic (a failure of the test's setup, named as such);
 one that matches says the profiler changed the run.
@@ -70,7 +70,10 @@ def run(build, train, profile:bool, **profile_kw):
     return learn
 
 def assert_unchanged(build, train, **profile_kw):
-    "An unprofiled and a profiled run of `train` from the same seed end bit-identical; the profiled Learner"
+    """An unprofiled and a profiled run of `train` from the same seed end bit-identical; the profiled Learner. The profiled run
+    counts FLOPs too (`flops=True`, not a default): the counter copies the model and runs it on fake tensors mid-batch, the part
+    of a profile most able to touch a run; what the defaults do is a part of it"""
+    profile_kw = {'flops': True, **profile_kw}
     plain = state(run(build, train, False))
     learn = run(build, train, True, **profile_kw)
     diff = differences(plain, state(learn))

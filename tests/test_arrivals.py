@@ -41,9 +41,9 @@ def _fit(learn, epochs=1, profiling=False):
     else:
         learn.profile(show_report=False)
         learn.fit(epochs)
-    adv = [(a.rule, a.evidence.get('rank'), a.evidence.get('step')) for a in learn.profile_advice]
-    return dict(advice=adv, table=learn.profile_arrivals, results=learn.simple_profile_results,
-                merged=getattr(learn, 'simple_profile_merged_results', None))
+    r = learn.profile_result
+    adv = [(a.rule, a.evidence.get('rank'), a.evidence.get('step')) for a in r.advice]
+    return dict(advice=adv, table=r.arrivals, results=r.results, merged=r.merged_results)
 
 def _ddp_tabular(profiled):
     "fastai's tabular application (test_applications' data and Learner) under DDP, `fit_one_cycle` from one seed: its `state`"
@@ -98,8 +98,9 @@ def _worker(rank, world, port, out, cases):
         learn = bench.learner(rank, 'draw', a)
         learn.profile(show_report=False, arrivals=False)
         learn.fit(1)
-        rec['switched off'] = dict(hooks=list(learn.model._comm_hooks), table=learn.profile_arrivals, results=learn.simple_profile_results,
-                                   advice=[(x.rule, x.evidence.get('rank'), x.evidence.get('step')) for x in learn.profile_advice])
+        r = learn.profile_result
+        rec['switched off'] = dict(hooks=list(learn.model._comm_hooks), table=r.arrivals, results=r.results,
+                                   advice=[(x.rule, x.evidence.get('rank'), x.evidence.get('step')) for x in r.advice])
         def toy(profiled):  # the same seed, profiled or not: the same weights and losses, bit for bit
             set_seed(0)
             learn = bench.learner(rank, 'none', a)

@@ -148,7 +148,7 @@ def saved(tmp_path_factory):
     d = tmp_path_factory.mktemp('profiles')
     n = torch.get_num_threads()
     torch.set_num_threads(1)
-    try: interleaved(b_cbs=[SpinInStep(SPIN)], a_kw=dict(save_json=True, json_name=d/'base.json'), b_kw=dict(save_json=True, json_name=d/'slow.json'))
+    try: interleaved(b_cbs=[SpinInStep(SPIN)], a_kw=dict(save_json=d/'base.json'), b_kw=dict(save_json=d/'slow.json'))
     finally: torch.set_num_threads(n)
     return d
 
@@ -183,5 +183,5 @@ def test_baseline_option_shows_the_comparison_and_advice(saved, capsys):
     with learn.no_logging(): learn.fit(1)
     out = capsys.readouterr().out
     assert 'Compared with the baseline: train iteration' in out
-    assert any(a.rule == 'baseline' and a.evidence['step'] == 'opt_step' for a in learn.profile_advice)
-    assert rows(learn.profile_comparison).loc['opt_step', 'Result'] == 'slower'
+    assert any(a.rule == 'baseline' and a.evidence['step'] == 'opt_step' for a in learn.profile_result.advice)
+    assert rows(learn.profile_result.baseline).loc['opt_step', 'Result'] == 'slower'

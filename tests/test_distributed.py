@@ -75,7 +75,8 @@ def _fit(learn, route, rec, **kw):
         except Exception as e: rec['fit_error'] = e
     rec.update(stdout=buf.getvalue(), fit_warnings=[str(x.message) for x in w], fit_s=time.perf_counter() - t0)
     rec['own'] = getattr(learn, 'simple_profile_results', None)
-    rec['rank_results'] = getattr(learn, 'simple_profile_rank_results', None)
+    r = learn.profile_result
+    rec['rank_results'] = None if r is None else r.rank_results
     return rec.get('fit_error')
 
 def _gather(rec, name, results, **kw):
@@ -98,7 +99,7 @@ def _straggler(rank, route, d, rec):
     if route == 'ddp':
         from torch.nn.parallel import DistributedDataParallel
         learn.model = DistributedDataParallel(learn.model)
-    learn.profile(show_report=True, save_csv=True, csv_name='prof.csv', plain=True)
+    learn.profile(show_report=True, save_csv=True, csv_name='prof.csv', plain=True, flops=True)  # FLOPs are opt-in: their columns travel with each rank's results
     _fit(learn, route, rec)
     _gather(rec, 'gather', learn.simple_profile_results, timeout=GATHER_TIMEOUT)
     if rank == 0: _gather(rec, 'alone', learn.simple_profile_results, timeout=ALONE_TIMEOUT)
@@ -185,7 +186,7 @@ def test_rank0_gets_both_ranks(straggler):
     "Rank 0 holds the per-rank table of both ranks and the merged table; rank 1 holds neither"
     from fastxtend_prof.report import RESULT_COLS
     from fastxtend_prof.distributed import RANK_COLS
-    from fastxtend_prof.flops import FLOP_COLS  # each rank counts its model's FLOPs
+    from fastxtend_prof.flops import FLOP_COLS  # each rank counts its model's FLOPs (`flops=True`)
     _, recs, _ = straggler
     assert [recs[r].get('fit_error') for r in (0, 1)] == [None, None]
     g0, g1 = recs[0]['gather'], recs[1]['gather']

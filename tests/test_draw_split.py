@@ -81,7 +81,7 @@ def profiled_fit(waits, kind, mode, clock=None):
         learn.remove_cb(ProgressCallback)
         learn.profile(show_report=False, sync=mode)
         with learn.no_logging(): learn.fit(EPOCHS)
-    assert learn.simple_profile_sync == mode
+    assert learn.profile_result.sync == mode
     return learn.simple_profile_results
 
 

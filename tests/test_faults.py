@@ -34,7 +34,8 @@ import fastai.callback.schedule  # noqa: F401  (fit_one_cycle, fine_tune, lr_fin
 import fastxtend_prof.all  # noqa: F401  (registers `before_draw`, patches `Learner.profile`)
 from fastxtend_prof import events
 from fastxtend_prof.report import RESULT_COLS
-from fastxtend_prof.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback
+from fastxtend_prof.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, _ALIASES, _MOVED
+from fastxtend_prof.features import FEATURES
 from conftest import row, calls, BatchLog, RaiseAt, LyingDL, BATCH_EVENTS, LOOP_EVENTS, FIT_EVENTS
 
 N_TRN, N_VAL, EPOCHS = 6, 2, 2     # synth batches of 16; every fit below runs 2 epochs unless said otherwise
@@ -400,13 +401,15 @@ def test_export_and_load_learner_with_profiler_attached(tmp_path):
         plain = run(lambda: ds_learner(tmp_path/'a'), act, False)
         prof = run(lambda: ds_learner(tmp_path/'b'), act, True)
     assert plain.exc is None and prof.exc is None, (plain.exc, prof.exc)
-    (pa, pp, pw, _), (qa, qp, qw, loaded) = plain.out, prof.out
-    assert pa == [] and qa == ['SimpleProfilerCallback', 'SimpleProfilerPostCallback']  # exported with the learner
+    (pa, pp, pw, plain_loaded), (qa, qp, qw, loaded) = plain.out, prof.out
+    # the pair is exported as two plain fastai `Callback`s that do nothing (the file loads without fastxtend_prof)
+    assert pa == [] and qa == []
+    assert sum(type(cb) is Callback for cb in loaded.cbs) == sum(type(cb) is Callback for cb in plain_loaded.cbs) + 2
     assert same(qp, pp) and same(qw, pw)
     assert not hasattr(prof.learn, 'simple_profile_results')  # export ran no fit: the request is still pending
     assert sum(isinstance(cb, PROFILER_CBS) for cb in prof.learn.cbs) == 2 and prof.learn not in events._WATCH
-    assert_clean(loaded)  # the loaded learner's fit was profiled, then the pair removed itself
-    assert calls(loaded.simple_profile_results, 'train', 'batch') == N_TRN - 1
+    assert_clean(loaded)
+    assert loaded.profile_result is None  # the loaded learner's fit ran unprofiled: its stand-ins record nothing
 
 @pytest.mark.parametrize('when', ['before-fit', 'after-fit', 'after-failed-fit'])
 def test_pickle_round_trip(when):
@@ -418,8 +421,10 @@ def test_pickle_round_trip(when):
             try: learn.fit(EPOCHS, cbs=RaiseAt('after_loss', lambda: Fault('x'), **AT_FAULT))
             except Fault: pass
         copy = pickle.loads(pickle.dumps(learn))
-        if 'profile_result' in learn.__dict__:  # the last profile travels with the copy
-            pd.testing.assert_frame_equal(copy.simple_profile_results, learn.simple_profile_results)
+        if learn.profile_result is not None:  # the last profile stays beside the Learner: a copy holds it only once pinned
+            assert copy.profile_result is None
+            pinned = pickle.loads(pickle.dumps(learn.profile_result.pin(learn)))
+            pd.testing.assert_frame_equal(pinned.simple_profile_results, learn.simple_profile_results)
             kept.append(when)
         copy.profile(show_report=False)
         copy.fit(1)
@@ -435,10 +440,14 @@ def test_pickle_round_trip(when):
     else: assert_clean(prof.learn)
 
 def test_export_after_a_profiled_fit_keeps_the_results(tmp_path):
+    "An export holds the last profile only when it is pinned into the Learner (`ProfileResult.pin`)"
     learn = ds_learner(tmp_path).profile(show_report=False)
     learn.fit(1)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
+        learn.export('unpinned.pkl')
+        assert load_learner(tmp_path/'unpinned.pkl').profile_result is None
+        learn.profile_result.pin(learn)
         learn.export('export.pkl')
         loaded = load_learner(tmp_path/'export.pkl')
     pd.testing.assert_frame_equal(loaded.simple_profile_results, learn.simple_profile_results)
@@ -457,12 +466,13 @@ def batches_learner(path, n_trn):
     return quiet(Learner(dsets.dataloaders(bs=16), RegModel(), loss_func=MSELossFlat(), lr=1e-2, path=path))
 
 def test_export_keeps_the_summaries_not_every_batch(tmp_path, capsys):
-    "`learn.export()` after a profiled fit: the profile's share of the file does not grow with the batches, the loaded Learner shows the same results, `export_raw` keeps the rows"
+    "`learn.export()` after a profiled fit pinned into the Learner: the profile's share of the file does not grow with the batches, the loaded Learner shows the same results, `pin(raw=True)` keeps the rows"
     sizes = {}
     for n, raw in ((20, None), (20, False), (400, None), (400, False), (400, True)):  # None: not profiled, fastai's own share
         learn = batches_learner(tmp_path, n)
-        if raw is not None: learn.profile(show_report=False, export_raw=raw)
+        if raw is not None: learn.profile(show_report=False)
         learn.fit(1)
+        if raw is not None: learn.profile_result.pin(learn, raw=raw)
         with warnings.catch_warnings():
             warnings.simplefilter('ignore')
             learn.export(f'{n}-{raw}.pkl')
@@ -471,14 +481,14 @@ def test_export_keeps_the_summaries_not_every_batch(tmp_path, capsys):
         if raw is None: continue
         pd.testing.assert_frame_equal(back.simple_profile_results, learn.simple_profile_results)
         pd.testing.assert_frame_equal(back.simple_profile_report, learn.simple_profile_report)
-        assert back.profile_result.title == learn.profile_result.title and len(back.profile_advice) == len(learn.profile_advice)
+        assert back.profile_result.title == learn.profile_result.title and len(back.profile_result.advice) == len(learn.profile_result.advice)
         assert len(learn.profile_timeline()) == n + N_VAL  # the Learner that exported keeps every row
         if raw: pd.testing.assert_frame_equal(back.profile_timeline(), learn.profile_timeline())
         else:
-            with pytest.raises(ValueError, match='export_raw=True'): back.profile_timeline()
-            with pytest.raises(ValueError, match='export_raw=True'): back.plot_profile_timeline()
+            with pytest.raises(ValueError, match=re.escape('without `raw=True`')): back.profile_timeline()
+            with pytest.raises(ValueError, match=re.escape('without `raw=True`')): back.plot_profile_timeline()
     share = {k: v - sizes[k[0], None] for k, v in sizes.items() if k[1] is not None}  # fastai's Recorder keeps every batch's loss itself
-    with capsys.disabled(): print(f'\nexport size (bytes) by (train batches, export_raw; None: unprofiled): {sizes}; the profile\'s share: {share}')
+    with capsys.disabled(): print(f'\nexport size (bytes) by (train batches, pinned raw; None: unprofiled): {sizes}; the profile\'s share: {share}')
     assert share[400, False] - share[20, False] < 8_000  # bounded: the summaries' histograms fill a few more of their 651 bins
     assert share[400, True] - share[400, False] > 80*400  # the rows: about 100 bytes a batch
 
@@ -602,7 +612,7 @@ needs_json = pytest.mark.skipif(not HAS_JSON, reason='`Learner.profile` has no `
 FORMATS = [pytest.param('csv', id='csv'), pytest.param('json', id='json', marks=needs_json)]
 
 def save_kw(fmt, name):
-    return dict(save_csv=True, csv_name=name) if fmt == 'csv' else dict(save_json=True, json_name=name)
+    return dict(save_csv=True, csv_name=name) if fmt == 'csv' else dict(save_json=name)
 
 def read_back(fmt, path):
     if fmt == 'csv': return pd.read_csv(path)
@@ -704,21 +714,35 @@ TARGETS = {'profile': lambda **kw: synth().profile(**kw), 'SimpleProfilerCallbac
 SIGS = {'profile': inspect.signature(Learner.profile), 'SimpleProfilerCallback': inspect.signature(SimpleProfilerCallback),
         'SimpleProfilerPostCallback': inspect.signature(SimpleProfilerPostCallback)}
 
+# What `**kwargs` takes: each registered feature by its name (good: True, False, None, a dict of its options, the feature
+# itself, or for some its main option's value), fastxtend's aliases (`profile` only), and earlier versions' option names,
+# which must say their new spelling
+FEATURE_BAD = ('yes', 1, 0, -1, 1.5, b'name', [1], {'bogus': 1})
+ALIAS_BAD = {'drop_first_batch': ('yes', 1, -1, 1.5, b'name', [1], {'a': 1}), 'rolling_average': ('yes', 0, -1, 1.5, b'name', [1], {'a': 1})}
+
+def options(t) -> dict:
+    "`{option: bad values}` of every public option of target `t`: its parameters (from their annotations) and what its `**kwargs` take"
+    out = {}
+    for n, p in SIGS[t].parameters.items():
+        if n == 'self': continue
+        if p.kind is not p.VAR_KEYWORD: out[n] = _bad_values(p); continue
+        out.update({f: FEATURE_BAD + EXTRA_BAD.get(f, ()) for f in FEATURES})
+        if t == 'profile': out.update(ALIAS_BAD)
+        out.update(dict.fromkeys(_MOVED, (True,)))
+    return out
+
 def bad_inputs():
-    "`(target, parameter, value)` for every public parameter of `Learner.profile` and both callbacks"
+    "`(target, parameter, value)` for every public option of `Learner.profile` and both callbacks"
     out = []
-    for t, sig in SIGS.items():
-        for n, p in sig.parameters.items():
-            if n == 'self': continue
-            out += [pytest.param(t, n, v, id=f'{t}-{n}-{v!r}') for v in _bad_values(p)]
+    for t in SIGS:
+        for n, vals in options(t).items(): out += [pytest.param(t, n, v, id=f'{t}-{n}-{v!r}') for v in vals]
         out.append(pytest.param(t, 'unknown_name', 1, id=f'{t}-unknown_name'))
         out.append(pytest.param(t, 'warm_up', 1, id=f'{t}-misspelt'))
     return out
 
 def test_every_parameter_has_bad_values():
-    for t, sig in SIGS.items():
-        for n, p in sig.parameters.items():
-            if n != 'self': assert _bad_values(p), f'{t}({n}=...) has no bad values: add its annotation kind to _bad_values'
+    for t in SIGS:
+        for n, vals in options(t).items(): assert vals, f'{t}({n}=...) has no bad values: add its annotation kind to _bad_values'
 
 @pytest.mark.parametrize('target,name,value', bad_inputs())
 def test_bad_input_raises_at_the_call(target, name, value):
@@ -751,6 +775,6 @@ def test_unwritable_target_fails_at_profile(fmt, tmp_path):
     (tmp_path/'blocker').write_text('a file')
     learn = synth(path=tmp_path)
     before = list(learn.cbs)
-    opt = 'csv_name' if fmt == 'csv' else 'json_name'
+    opt = 'csv_name' if fmt == 'csv' else 'save_json'
     with pytest.raises(ValueError, match=opt): learn.profile(**save_kw(fmt, f'blocker/out.{fmt}'))
     assert list(learn.cbs) == before and sorted(p.name for p in tmp_path.iterdir()) == ['blocker']

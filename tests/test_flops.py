@@ -1,7 +1,9 @@
-"""FLOPs, MFU, what-if and the live columns (issue 26), on real fastai Learners: counts exact against the closed-form
-formulas, a model with an operator the counter does not know, a compiled model, a batch shape that changes, the CPU's
+"""FLOPs, MFU, what-if and the live columns (issues 26 and 34), on real fastai Learners: counts exact against the closed-form
+formulas, a model with an operator the counter does not know, compiled models counted on their eager code, a GAN whose
+generator and critic batches alternate, a batch shape that changes, nothing counted outside the model's step, the CPU's
 measured peak reached by a Learner that is one large matmul, a what-if prediction checked against a run where the
-change was made, and the live columns in fastai's table with `learn.recorder.values` unchanged.
+change was made, and the live columns in fastai's table with `learn.recorder.values` unchanged. FLOPs are a feature one
+keyword away (`flops=True`); the counts are made on the side, on a fake copy of the model (bit-identity: test_observe_only).
 
 Timing is asserted only where the question is about time (MFU, the what-if), with bounds a loaded machine keeps."""
 import math, re, warnings
@@ -11,7 +13,9 @@ from fastai.basics import Learner, DataLoaders, MSELossFlat, set_seed
 from fastai.callback.progress import CSVLogger
 from fastai.data.load import DataLoader
 import fastxtend_prof.all  # noqa: F401
-from fastxtend_prof.flops import FLOP_COLS, LIVE_NAMES, flops_text, what_if, measure_peak
+from fastxtend_prof.flops import FLOP_COLS, flops_text, measure_peak
+from fastxtend_prof.gains import what_if
+from fastxtend_prof.live import LIVE_NAMES
 from conftest import row
 
 def tensor_learner(model, n=64, bs=16, shape=(20,), out=8, drop_last=True, seed=0, create_batch=None, **kw):
@@ -23,7 +27,7 @@ def tensor_learner(model, n=64, bs=16, shape=(20,), out=8, drop_last=True, seed=
     return Learner(dls, model, loss_func=MSELossFlat(), lr=1e-3, **kw)
 
 def fit(learn, epochs=1, **profile_kw):
-    learn.profile(show_report=False, **profile_kw)
+    learn.profile(show_report=False, **{'flops': True, **profile_kw})
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         with learn.no_bar(), learn.no_logging(): learn.fit(epochs)
@@ -31,7 +35,7 @@ def fit(learn, epochs=1, **profile_kw):
 
 def only_count(learn) -> dict:
     "The counts of the one batch shape counted"
-    counts = learn.profile_flops.counts
+    counts = learn.profile_result.flops.counts
     assert len(counts) == 1, counts
     return next(iter(counts.values()))
 
@@ -81,29 +85,60 @@ def test_unknown_operator_keeps_known_part_and_notes():
     learn = fit(tensor_learner(CdistNet(), bs=b))
     c = only_count(learn)
     assert c['forward'] == 2*b*20*16  # the Linear layer, counted exactly; the distances are not
-    assert 'aten._cdist_forward' in learn.profile_flops.uncounted
-    text = flops_text(learn.profile_flops, learn.simple_profile_results)
+    assert 'aten._cdist_forward' in learn.profile_result.flops.uncounted
+    text = flops_text(learn.profile_result.flops, learn.simple_profile_results)
     assert 'aten._cdist_forward' in text and 'lower bound' in text
 
-def test_compiled_model_gets_no_flops_and_why():
-    model = torch.compile(nn.Sequential(nn.Linear(20, 8)), backend='eager')  # eager: no compiler needed on this machine
-    learn = fit(tensor_learner(model))
-    prof = learn.profile_flops
-    assert not prof.counts and 'compiled' in prof.note
-    assert not set(FLOP_COLS) & set(learn.simple_profile_results.columns)
-    assert 'not counted' in flops_text(prof) and 'compiled' in flops_text(prof)
+def compiled(spelling, backend='eager'):
+    "A two-layer model compiled one of the four ways users write it (`eager`: dynamo with no compiler, quick on this machine)"
+    model = nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 8))
+    if spelling == 'torch.compile(model)': return torch.compile(model, backend=backend)
+    if spelling == 'model.compile()': model.compile(backend=backend); return model
+    if spelling == 'forward': model.forward = torch.compile(model.forward, backend=backend); return model
+    class Helper(nn.Module):  # a forward that calls a compiled function
+        def __init__(self):
+            super().__init__()
+            self.lin, self.act = nn.Linear(20, 16), torch.compile(lambda x: torch.relu(x)*2, backend=backend)
+            self.out = nn.Linear(16, 8)
+        def forward(self, x): return self.out(self.act(self.lin(x)))
+    return Helper()
 
-def test_flops_false():
+@pytest.mark.parametrize('spelling', ['torch.compile(model)', 'model.compile()', 'forward', 'helper'])
+def test_compiled_model_counted_on_its_eager_code(spelling):
+    "Each way of compiling: the counts are the eager model's, exactly, with nothing compiled for the count"
+    b = 16
+    learn = fit(tensor_learner(compiled(spelling), bs=b))
+    c = only_count(learn)
+    first, second = 2*b*20*16, 2*b*16*8
+    assert (c['forward'], c['backward']) == (first + second, first + 2*second), c
+    assert not learn.profile_result.flops.note and not learn.profile_result.flops.uncounted
+
+def test_flops_off_by_default():
+    "FLOPs are one keyword away: a default profile counts none, adds no column and no FLOPs line"
     learn = fit(tensor_learner(nn.Linear(20, 8)), flops=False)
-    assert learn.profile_flops is None and not set(FLOP_COLS) & set(learn.simple_profile_results.columns)
-    assert flops_text(None, reason=learn.profile_result.flops_note) == 'FLOPs: not counted (flops=False).'
+    assert learn.profile_result.flops is None and not set(FLOP_COLS) & set(learn.simple_profile_results.columns)
+    assert not any('FLOP' in l for l in learn.profile_result.lines())
+    learn.profile(show_report=False)
+    with learn.no_bar(), learn.no_logging(): learn.fit(1)
+    assert learn.profile_result.flops is None and 'flops' not in [f.name for f in learn.profile_result.features]
+
+def test_a_model_that_reads_its_values_is_not_counted_and_says_why():
+    "A forward that branches on a tensor's value cannot run on fake tensors: no counts, and the FLOPs line says why"
+    class Branchy(nn.Module):
+        def __init__(self): super().__init__(); self.lin = nn.Linear(20, 8)
+        def forward(self, x): return self.lin(x) if x.mean().item() < 10 else self.lin(-x)
+    learn = fit(tensor_learner(Branchy()))
+    prof = learn.profile_result.flops
+    assert not prof.counts and 'fake tensors' in prof.note
+    text = flops_text(prof, learn.simple_profile_results)
+    assert text.startswith('FLOPs: not counted') and 'fake tensors' in text
 
 def test_smaller_last_batch_scaled_by_its_samples():
     "No drop_last: the last batch of each epoch holds 8 samples, not 16; only the batch dimension changed, so it is not counted again"
     b = 16
     learn = fit(tensor_learner(nn.Linear(20, 8), n=72, bs=b, drop_last=False), epochs=2)
-    prof = learn.profile_flops
-    assert len(prof.counts) == 1 and prof.set_apart == 0
+    prof = learn.profile_result.flops
+    assert len({id(c) for c in prof.counts.values()}) == 1 and prof.set_apart == 0  # the 8-sample shape shares the 16's count
     samples = [16, 16, 16, 16, 8]*2
     rows = prof.rows(10, samples)
     assert list(rows[:, 0]) == [2*s*20*8 for s in samples]
@@ -115,15 +150,13 @@ class Pooled(nn.Module):
         self.conv, self.lin = nn.Conv1d(1, 4, 3, padding=1), nn.Linear(4, 8)
     def forward(self, x): return self.lin(self.conv(x).mean(-1))
 
-def test_new_batch_shape_counted_again_and_set_apart(monkeypatch):
-    "Sequences of 20 for three batches, then of 40: the new shape is read, counted at the next batch and set apart in `trace`"
-    import fastxtend_prof.flops as fl
-    monkeypatch.setattr(fl, 'SHAPE_EVERY', 1)  # read every batch's shape (default: one batch in 16)
+def test_new_batch_shape_counted_again_and_set_apart():
+    "Sequences of 20 for three batches, then of 40: the new shape is counted at its first batch, which is set apart in `trace`"
     b, g = 16, torch.Generator().manual_seed(0)
     ds = [(torch.randn(1, 20 if i < 48 else 40, generator=g), torch.randn(8, generator=g)) for i in range(96)]
     dls = DataLoaders(DataLoader(ds, bs=b, shuffle=False, drop_last=True), DataLoader(ds[:b], bs=b))
     learn = fit(Learner(dls, Pooled(), loss_func=MSELossFlat()))
-    prof = learn.profile_flops
+    prof = learn.profile_result.flops
     fwd = {k[-1]: c['forward'] for k, c in prof.counts.items()}
     conv = lambda L: 2*b*4*L*1*3
     assert fwd == {20: conv(20) + 2*b*4*8, 40: conv(40) + 2*b*4*8}
@@ -132,13 +165,14 @@ def test_new_batch_shape_counted_again_and_set_apart(monkeypatch):
     rows = prof.rows(6)
     assert list(rows[:, 0]) == [fwd[20]]*3 + [fwd[40]]*3
 
-def test_bad_peak_flops():
+def test_bad_peak():
     learn = tensor_learner(nn.Linear(20, 8))
     for bad in (0, -1., 'fast', True, float('inf'), 989):  # 989: TFLOP/s where FLOP/s are asked for
-        with pytest.raises(ValueError, match='peak_flops'): learn.profile(peak_flops=bad)
+        with pytest.raises(ValueError, match='peak'): learn.profile(flops=dict(peak=bad))
+    with pytest.raises(ValueError, match=r"flops=dict\(peak="): learn.profile(peak_flops=1e12)  # the option of earlier versions says where it went
 
-def test_peak_flops_gives_datasheet_mfu_on_cpu():
-    learn = fit(tensor_learner(nn.Linear(20, 8)), peak_flops=1e12)
+def test_peak_gives_datasheet_mfu_on_cpu():
+    learn = fit(tensor_learner(nn.Linear(20, 8)), flops=dict(peak=1e12))
     r = row(learn.simple_profile_results, 'train', 'forward')
     assert r['Datasheet MFU'] == pytest.approx(r['FLOP/s']/1e12)
 
@@ -147,7 +181,7 @@ def test_cpu_one_matmul_learner_reaches_measured_peak():
     "One 1,024² matmul a batch: its forward runs at 30–120% of the peak measured on the same CPU; no datasheet figure for a CPU"
     n = 1024
     learn = fit(tensor_learner(nn.Linear(n, n, bias=False), n=6*n, bs=n, shape=(n,), out=n), epochs=1)
-    prof = learn.profile_flops
+    prof = learn.profile_result.flops
     assert prof.device == 'cpu' and prof.measured_peak > 0 and math.isnan(prof.datasheet_peak)
     assert 'a CPU has none' in prof.peak_note
     fwd = row(learn.simple_profile_results, 'train', 'forward')
@@ -184,13 +218,13 @@ def test_what_if_predicts_a_run_without_the_draw_delay():
         learn = fit(tensor_learner(Sleepy(3e-3), n=16*60, bs=16, create_batch=sleepy_batches(draw_delay)))
         return learn
     slowed, quick = iteration(6e-3), iteration(0.)
-    top = what_if(slowed.simple_profile_recorder)
+    top = what_if(slowed.profile_result.recorder)
     assert top.Step.iloc[0] in ('draw', 'wait')  # the draw's delay is the largest step to lose
     mean = lambda l, s='iteration': row(l.simple_profile_results, 'train', s)['Mean Duration']
     # the delay as the draw really held it: `sleep(0.006)` overshoots (6.15 ms here), and by more when other work holds the
     # cores and the woken process waits for one; the prediction is asked for the draw shortened by that much
     delay = mean(slowed, 'draw') - mean(quick, 'draw')
-    gains = what_if(slowed.simple_profile_recorder, cuts={'draw': delay})
+    gains = what_if(slowed.profile_result.recorder, cuts={'draw': delay})
     pred = gains[gains.Change.str.endswith(' less')].iloc[0]
     # the two runs are judged only if what the change did not touch (all but the draw) took the same time in both: on a
     # busy machine other work can slow one run's CPU part by a millisecond a batch, and the comparison then measures the machine
@@ -204,7 +238,7 @@ def test_what_if_predicts_a_run_without_the_draw_delay():
 def live_fit(capsys, live, bar=True, cbs=(), epochs=2):
     set_seed(0, reproducible=True)
     learn = tensor_learner(nn.Sequential(nn.Linear(20, 32), nn.ReLU(), nn.Linear(32, 8)), n=160, cbs=list(cbs))
-    if live is not None: learn.profile(show_report=False, live=live)
+    if live is not None: learn.profile(show_report=False, live=live, flops=True)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
         if bar: learn.fit(epochs)
@@ -243,7 +277,7 @@ def test_live_in_profiling_block(capsys):
     learn = tensor_learner(nn.Linear(20, 8), n=160)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
-        with learn.profiling(show_report=False, live=True):
+        with learn.profiling(show_report=False, live=True, flops=True):
             with learn.no_bar(): learn.fit(1); learn.fit(1)
     lines = [l for l in capsys.readouterr().out.splitlines() if l.startswith('[')]
     assert sum("'samples/s'" in l for l in lines) == 2 and len(lines) == 4, lines
@@ -253,8 +287,8 @@ def test_live_in_profiling_block(capsys):
 def test_files_and_comparison_carry_flops(tmp_path):
     from fastxtend_prof.compare import compare_profiles, load_profile
     from fastxtend_prof.loggers import summary_values
-    a = fit(tensor_learner(nn.Sequential(nn.Linear(20, 64), nn.Linear(64, 8)), n=16*40, path=tmp_path), save_json=True, save_csv=True,
-            json_name='a.json', csv_name='a.csv')
+    a = fit(tensor_learner(nn.Sequential(nn.Linear(20, 64), nn.Linear(64, 8)), n=16*40, path=tmp_path), save_json='a.json', save_csv=True,
+            csv_name='a.csv')
     csv = pd.read_csv(tmp_path/'a.csv')
     assert set(FLOP_COLS) <= set(csv.columns)
     saved = load_profile(tmp_path/'a.json')
@@ -272,13 +306,13 @@ def test_a_later_fit_of_the_same_model_reuses_the_counts():
     "The second fit sets no batch apart; freezing a layer (no weight gradient) makes it count again, with a smaller backward"
     b = 16
     learn = tensor_learner(nn.Sequential(nn.Linear(20, 16), nn.Linear(16, 8)), bs=b)
-    first = fit(learn, warmup=0).profile_flops
+    first = fit(learn, warmup=0).profile_result.flops
     assert (first.set_apart, first.reused) == (1, 0)
-    again = fit(learn, warmup=0).profile_flops
+    again = fit(learn, warmup=0).profile_result.flops
     assert (again.set_apart, again.reused) == (0, 1) and again.counts == first.counts
     assert 'trace' not in set(learn.simple_profile_results.Step)
     for p in learn.model[1].parameters(): p.requires_grad_(False)
-    frozen = fit(learn, warmup=0).profile_flops
+    frozen = fit(learn, warmup=0).profile_result.flops
     assert (frozen.set_apart, frozen.reused) == (1, 0)
     c, c0 = only_count(learn), next(iter(first.counts.values()))
     assert c['forward'] == c0['forward'] and c['backward'] == c0['backward'] - 2*b*16*8  # the frozen layer's weight gradient is gone
@@ -290,11 +324,11 @@ def test_profiling_block_counts_again_when_the_model_changes():
     for p in learn.model[0].parameters(): p.requires_grad_(False)
     with warnings.catch_warnings():
         warnings.simplefilter('ignore')
-        with learn.profiling(show_report=False), learn.no_bar(), learn.no_logging():
+        with learn.profiling(show_report=False, flops=True), learn.no_bar(), learn.no_logging():
             learn.fit(1)
             for p in learn.model[0].parameters(): p.requires_grad_(True)
             learn.fit(1)
-    prof = learn.profile_flops
+    prof = learn.profile_result.flops
     bwd = sorted(c['backward'] for c in prof.counts.values())
     f1, f2 = 2*b*20*16, 2*b*16*8
     assert bwd == [f2, f1 + 2*f2]  # frozen: the second layer's weight gradient only (its input needs none); unfrozen: all three
@@ -307,6 +341,46 @@ def test_a_peak_measured_under_load_is_measured_again(monkeypatch):
     key = ('cpu', 'fp32', torch.get_num_threads())
     monkeypatch.setitem(fl._PEAKS, key, 1e6)  # 1 MFLOP/s: as if measured on a machine busy with other work
     learn = fit(tensor_learner(nn.Linear(256, 256, bias=False), n=16*128, bs=128, shape=(256,), out=256))
-    prof = learn.profile_flops
+    prof = learn.profile_result.flops
     assert prof.measured_peak > 1e8 and fl._PEAKS[key] == prof.measured_peak
     assert row(learn.simple_profile_results, 'train', 'forward')['MFU'] == pytest.approx(row(learn.simple_profile_results, 'train', 'forward')['FLOP/s']/prof.measured_peak)
+
+# ------------------------------------------------------------------------------------------------ models that switch
+def test_gan_generator_and_critic_each_counted_at_their_own_shapes():
+    "A WGAN alternates generator and critic batches: each gets its own count (the critic's loss runs the generator too), every batch its own FLOPs"
+    pytest.importorskip('fastai.vision.all', exc_type=Exception)
+    from fastai.vision.gan import GANLearner, basic_generator, basic_critic, FixedGANSwitcher
+    g = torch.Generator().manual_seed(0)
+    imgs = torch.rand(64, 3, 16, 16, generator=g)*2 - 1
+    ds = [(torch.randn(100, generator=g), imgs[i]) for i in range(64)]
+    dls = DataLoaders(DataLoader(ds, bs=8, shuffle=False, drop_last=True), DataLoader(ds[:8], bs=8))
+    learn = GANLearner.wgan(dls, basic_generator(16, n_channels=3, n_extra_layers=0), basic_critic(16, n_channels=3, n_extra_layers=0),
+                            switcher=FixedGANSwitcher(n_crit=1, n_gen=1))
+    learn.profile(show_report=False, flops=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore')
+        with learn.no_bar(), learn.no_logging(): learn.fit(1, 1e-4)
+    prof = learn.profile_result.flops
+    assert not prof.note, prof.note
+    by = {tuple(k[1:]): c for k, c in prof.counts.items()}  # each key is the batch's input shape
+    gen, crit = by[(100,)], by[(3, 16, 16)]  # the generator's batches are noise, the critic's images
+    assert gen['loss'] == crit['forward']                           # the generator's loss: the critic on its output
+    assert crit['loss'] == gen['forward'] + crit['forward']         # the critic's loss: the generator, then the critic on its output
+    assert not prof.uncounted
+    keys = [k for _, k in prof.changes]
+    assert len(keys) > 4 and len(set(keys)) == 2                    # the shape read at every batch: each batch has its own FLOPs
+
+class LinalgInBatch:
+    "A batch transform that does matrix work (as `aug_transforms` does with `torch.linalg`): in the draw, not the model's step"
+    def __call__(self, b):
+        torch.linalg.inv(torch.eye(3) + 0.1)
+        return b
+
+def test_nothing_outside_the_models_step_is_counted_or_noted():
+    "Matrix work in the draw (a batch transform's `linalg`) is neither counted nor named as uncounted: only the model's step is"
+    b, g = 16, torch.Generator().manual_seed(0)
+    ds = list(zip(torch.randn(64, 20, generator=g), torch.randn(64, 8, generator=g)))
+    dls = DataLoaders(DataLoader(ds, bs=b, drop_last=True, after_batch=LinalgInBatch()), DataLoader(ds[:b], bs=b))
+    learn = fit(Learner(dls, nn.Linear(20, 8), loss_func=MSELossFlat()))
+    assert only_count(learn)['forward'] == 2*b*20*8
+    assert learn.profile_result.flops.uncounted == {}

@@ -530,16 +530,17 @@ def test_profile_rejects_bad_arguments(name, value):
     learn.fit(1)  # and the learner still works
     assert not hasattr(learn, 'simple_profile_results')
 
-@pytest.mark.parametrize('kw', [dict(warmup=0), dict(warmup=3), dict(logger_callback=None), dict(csv_name=Path('a.csv')),
-                                dict(samples_per_second=False)])
+@pytest.mark.parametrize('kw', [dict(warmup=0), dict(warmup=0, flops=True), dict(warmup=3), dict(logger_callback=None),
+                                dict(csv_name=Path('a.csv')), dict(samples_per_second=False)])
 def test_profile_accepts_good_arguments(kw):
     learn = prof(mk(), **kw)
     learn.fit(1)
     df = learn.simple_profile_results
     w = kw.get('warmup', 1)
-    counted = int(w == 0)  # the fit's first batch runs the FLOP counter: set apart in `trace` when it is not a warmup batch
+    counted = int(w == 0 and kw.get('flops', False))  # with `flops=True` the fit's first batch is counted: set apart in `trace` when it is not a warmup batch
     check_phase_counts(df, 'train', N_TRN-w-counted, w)
     if counted: assert calls(df, 'train', 'trace') == 1
+    else: assert 'trace' not in set(df[df.Phase == 'train'].Step)  # FLOPs are off by default: no batch set apart
     check_phase_counts(df, 'valid', max(N_VAL-w, 0), min(w, N_VAL))
     if kw.get('samples_per_second') is False: assert df['Samples/Second'].isna().all()
     check_partition(df)
@@ -570,9 +571,11 @@ def _star(*mods):
 
 def test_star_import_of_all_brings_the_public_api():
     ns = _star('fastxtend_prof.all')
-    for name in ('SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'ProfileResult', 'learner_advice', 'plot_profile', 'register_logger', 'Logger'):
+    for name in ('SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'ProfileResult', 'advise', 'plot_profile', 'register_logger', 'Logger',
+                 'Feature', 'register_feature'):
         assert name in ns, name
-    for name in ('Recorder', 'TimingRecorder', 'Phase', 'STEP', 'stats', 'fold', 'install', 'FakeClock', 'FakeDevice', 'DATA_BOUND_SHARE'):
+    for name in ('Recorder', 'TimingRecorder', 'Phase', 'STEP', 'stats', 'fold', 'install', 'FakeClock', 'FakeDevice', 'DATA_BOUND_SHARE',
+                 'learner_advice', 'synthetic_run'):
         assert name not in ns, name  # internals stay in their modules
 
 @pytest.mark.parametrize('ours_first', [False, True])
@@ -604,4 +607,4 @@ def test_callback_attributes_keep_their_identity_during_a_fit(tmp_path):
     with learn.no_bar(): learn.fit(2)
     assert len(snaps) > 50 and all(s == snaps[0] for s in snaps)
     assert all(cb._session is IDLE and '_events' not in vars(cb) for cb in pair) and SimpleProfilerCallback._stateattrs == ('_session', '_events')
-    assert type(learn.simple_profile_recorder).__name__ == 'TimingRecorder' and learn.profile_trace['batches'] == [0, 1]
+    assert type(learn.profile_result.recorder).__name__ == 'TimingRecorder' and learn.profile_result.trace['batches'] == [0, 1]

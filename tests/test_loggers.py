@@ -73,7 +73,7 @@ def test_custom_logger_gets_both_hooks_with_the_right_values(probe):
     (p,) = Probe.instances
     assert p.cb is learn.probe
     assert [t for t, _ in p.live_calls] == [3, 6, 9, 12, 15, 18]        # every 3 train batches of 20
-    rec = learn.simple_profile_recorder
+    rec = learn.profile_result.recorder
     m, starts = rec.tables[Phase.TRAIN].matrix(), [r[0] for r in rec.tables[Phase.TRAIN].runs]
     assert starts == [0, N_TRAIN]
     for t, values in p.live_calls:
@@ -192,13 +192,13 @@ def wandb_offline(tmp_path, monkeypatch):
     wandb.teardown()
 
 
-def run_wandb_fit(wandb, log_every=5, via_profile=False):
+def run_wandb_fit(wandb, log_every=5, via_profile=False, flops=False):
     from fastai.callback.wandb import WandbCallback
     run = wandb.init(project='fastxtend-prof-tests')
     run_dir = Path(run.dir).parent
     assert run.settings.mode == 'offline' and Path(os.environ['WANDB_DIR']) in run_dir.parents
     learn = synth_learner(cbs=WandbCallback(log_preds=False))
-    if via_profile: learn.profile(show_report=False, logger_callback='wandb', log_every=log_every)
+    if via_profile: learn.profile(show_report=False, logger_callback='wandb', log_every=log_every, flops=flops)
     else: profiled(learn, 'wandb', log_every=log_every)
     with learn.no_bar():
         learn.lr_find(num_it=4, show_plot=False)  # nothing may be logged for these
@@ -208,7 +208,8 @@ def run_wandb_fit(wandb, log_every=5, via_profile=False):
     return learn, run_dir
 
 
-def check_wandb_run(learn, run_dir, log_every=5):
+def check_wandb_run(learn, run_dir, log_every=5, flops=False):
+    "What the offline run holds; `flops`: the fit counted FLOPs (`flops=True`, off by default), whose columns reach the table and summary"
     history, summary = read_wandb(next(run_dir.glob('run-*.wandb')))
     live = {s: row for s, row in history.items() if any(k.startswith('samples_per_second/train_') for k in row)}
     n = EPOCHS*N_TRAIN
@@ -221,12 +222,13 @@ def check_wandb_run(learn, run_dir, log_every=5):
     assert tables == {'report', 'results'}
     res_file = next((run_dir/'files'/'media'/'table').glob('simple_profile_results_*.table.json'))
     t = json.loads(res_file.read_text())
-    assert t['columns'] == [*RESULT_COLS, *FLOP_COLS] and len(t['data']) == len(learn.simple_profile_results)
+    assert t['columns'] == [*RESULT_COLS, *(FLOP_COLS if flops else ())] and len(t['data']) == len(learn.simple_profile_results)
     r = learn.simple_profile_results.set_index(['Phase', 'Step'])
     assert summary['profile/train/forward_mean_s'] == pytest.approx(r.loc[('train', 'forward'), 'Mean Duration'])
     assert summary['profile/train/batch_samples_per_s'] == pytest.approx(r.loc[('train', 'batch'), 'Samples/Second'])
     assert summary['profile/fit/fit_mean_s'] == pytest.approx(r.loc[('fit', 'fit'), 'Mean Duration'])
-    assert summary['profile/train/forward_flops'] == r.loc[('train', 'forward'), 'FLOPs']  # 0: synth_learner's model runs no matmul
+    if flops: assert summary['profile/train/forward_flops'] == r.loc[('train', 'forward'), 'FLOPs']  # 0: synth_learner's model runs no matmul
+    else: assert not any(k.endswith(('_flops', '_mfu')) for k in summary)  # FLOPs are off by default: no FLOP column, no FLOP summary
 
 
 def test_wandb_offline_history_tables_and_summary(wandb_offline):
@@ -268,17 +270,18 @@ def read_tensorboard(log_dir):
     return ea
 
 
-def run_tb_fit(log_dir, log_every=5, via_profile=False):
+def run_tb_fit(log_dir, log_every=5, via_profile=False, flops=False):
     pytest.importorskip('tensorboard')
     from fastai.callback.tensorboard import TensorBoardCallback
     learn = synth_learner(cbs=TensorBoardCallback(log_dir=str(log_dir), trace_model=False, log_preds=False))
-    if via_profile: learn.profile(show_report=False, logger_callback='tensorboard', log_every=log_every)
+    if via_profile: learn.profile(show_report=False, logger_callback='tensorboard', log_every=log_every, flops=flops)
     else: profiled(learn, 'auto', log_every=log_every)
     fit(learn)
     return learn
 
 
-def check_tb_run(learn, log_dir, log_every=5):
+def check_tb_run(learn, log_dir, log_every=5, flops=False):
+    "What TensorBoard holds; `flops`: the fit counted FLOPs (`flops=True`, off by default), whose block is a text of its own"
     ea = read_tensorboard(log_dir)
     tags = ea.Tags()
     assert set(LIVE_KEYS) <= set(tags['scalars'])
@@ -288,8 +291,11 @@ def check_tb_run(learn, log_dir, log_every=5):
     (text,) = ea.Tensors('simple_profile_report/text_summary')
     md = text.tensor_proto.string_val[0].decode()
     assert 'Simple Profiler report' in md and '| train | loop | iteration |' in md and '|  | draw |' in md and 'forward' in md
-    (flops,) = ea.Tensors('simple_profile_flops/text_summary')  # the FLOPs block: synth_learner's model runs no matmul
-    assert 'FLOPs counted' in flops.tensor_proto.string_val[0].decode()
+    if flops:
+        (text,) = ea.Tensors('simple_profile_flops/text_summary')  # the FLOPs block: synth_learner's model runs no matmul
+        assert 'FLOPs counted' in text.tensor_proto.string_val[0].decode()
+    else:  # FLOPs are off by default; on a CPU memory is not tracked: the report is the only text
+        assert [t for t in tags['tensors'] if t.startswith('simple_profile_')] == ['simple_profile_report/text_summary']
 
 
 def test_tensorboard_scalars_and_text(tmp_path):
@@ -328,18 +334,19 @@ def test_profile_auto_with_no_logger_holds_no_hub():
     assert hubs == [None]
 
 def test_profile_wandb_offline(wandb_offline):
-    learn, run_dir = run_wandb_fit(wandb_offline, via_profile=True)
-    check_wandb_run(learn, run_dir)
+    learn, run_dir = run_wandb_fit(wandb_offline, via_profile=True, flops=True)
+    check_wandb_run(learn, run_dir, flops=True)
 
 def test_profile_tensorboard(tmp_path):
-    learn = run_tb_fit(tmp_path, via_profile=True)
-    check_tb_run(learn, tmp_path)
+    learn = run_tb_fit(tmp_path, via_profile=True, flops=True)
+    check_tb_run(learn, tmp_path, flops=True)
 
 
 def test_live_values_with_folded_rows():
     "With `keep_raw=False` the recorder folds its rows away every `chunk` batches: the window holds what is still buffered"
-    from fastxtend_prof.recorder import TimingRecorder, FakeClock, Step, PRE_AFTER_BATCH
-    from fastxtend_prof.loggers import live_values, train_window
+    from fastxtend_prof.recorder import TimingRecorder, Step, PRE_AFTER_BATCH
+    from fastxtend_prof.testing import FakeClock
+    from fastxtend_prof.live import live_values, train_window
     if 'keep_raw' not in inspect.signature(TimingRecorder).parameters: pytest.skip('this recorder keeps every row')
     raw, lean = TimingRecorder(warmup=1, clock=FakeClock(step=0.5)), TimingRecorder(warmup=1, clock=FakeClock(step=0.5), keep_raw=False, chunk=4)
     for r in (raw, lean): r.start(Step.FIT); r.start(Step.EPOCH); r.begin_phase(Phase.TRAIN)

@@ -9,8 +9,9 @@ import torch.nn.functional as F
 from fastai.basics import Learner, DataLoaders, SGD
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
-from fastxtend_prof import simpleprofiler
-from fastxtend_prof.memory import FakeMemory, memory_stats
+from fastxtend_prof import memory
+from fastxtend_prof.memory import memory_stats
+from fastxtend_prof.testing import FakeMemory
 from fastxtend_prof.loggers import summary_values
 
 KiB = 1024
@@ -61,7 +62,7 @@ def fake(monkeypatch):
     "A fake accelerator allocator behind `make_memory`, with the model resident"
     mem = FakeMemory(capacity=2*2**20, model='fake accelerator')
     mem.alloc(RESIDENT)
-    monkeypatch.setattr(simpleprofiler, 'make_memory', lambda memory, device: (mem, '') if memory is not False else (None, 'memory=False'))
+    monkeypatch.setattr(memory, 'make_memory', lambda memory, device: (mem, '') if memory is not False else (None, 'memory=False'))
     return mem
 
 def fit(learn, **kw):
@@ -70,7 +71,7 @@ def fit(learn, **kw):
     return learn
 
 def test_memory_per_step(fake):
-    learn = fit(learner(fake), memory_every=1)
+    learn = fit(learner(fake), memory=dict(every=1))
     r = learn.simple_profile_results.set_index(['Phase', 'Step'])
     steady = RESIDENT + STATE  # after the first step, the optimizer's state is resident too
     peak = lambda s: r.loc[('train', s), 'Peak Memory']
@@ -82,18 +83,18 @@ def test_memory_per_step(fake):
     assert peak('zero_grad') == steady + GRAD and change('zero_grad') == -GRAD
     assert change('batch') == 0 and change('draw') == 0 and change('iteration') == 0
     assert r.loc[('valid', 'predict'), 'Peak Memory'] == steady + ACT and r.loc[('valid', 'predict'), 'Memory Change'] == 0
-    assert r.loc[('fit', 'fit'), 'Peak Memory'] == steady + ACT + LOSS + GRAD == learn.profile_memory.fit_peak
+    assert r.loc[('fit', 'fit'), 'Peak Memory'] == steady + ACT + LOSS + GRAD == learn.profile_result.memory.fit_peak
     assert r.loc[('train', 'iteration'), 'Memory Batches'] == N_TRAIN
-    assert learn.profile_memory.capacity == 2*2**20
+    assert learn.profile_result.memory.capacity == 2*2**20
 
 def test_sampled_every_few_batches(fake):
-    learn = fit(learner(fake), memory_every=5)
+    learn = fit(learner(fake), memory=dict(every=5))
     r = learn.simple_profile_results.set_index(['Phase', 'Step'])
     assert r.loc[('train', 'forward'), 'Memory Batches'] == len(range(0, N_TRAIN, 5))
     assert r.loc[('valid', 'predict'), 'Memory Batches'] == len(range(0, N_VALID, 5))
     assert r.loc[('fit', 'fit'), 'Peak Memory'] == RESIDENT + STATE + ACT + LOSS + GRAD   # the peak still counts every batch
     reads = fake.reads
-    fit(learner(fake), memory_every=1)
+    fit(learner(fake), memory=dict(every=1))
     assert fake.reads - reads > 3*reads, 'the batches in between read nothing'
 
 def test_report_advice_files_and_loggers(fake, tmp_path, capsys):
@@ -102,7 +103,7 @@ def test_report_advice_files_and_loggers(fake, tmp_path, capsys):
     fit(learn, show_report=True, plain=True, save_json=True, save_csv=True)
     out = capsys.readouterr().out
     assert 'Memory on cpu (fake accelerator): fit peak 216 KiB of 2 MiB (11%)' in out and 'train/backward' in out
-    adv = {a.rule: a for a in learn.profile_advice}
+    adv = {a.rule: a for a in learn.profile_result.advice}
     assert 'memory_headroom' in adv and adv['memory_headroom'].evidence['batch_size'] == BS
     doc = json.loads((tmp_path/'simple_profile.json').read_text())
     rows = {(d['Phase'], d['Step']): d for d in doc['results']}
@@ -115,22 +116,25 @@ def test_report_advice_files_and_loggers(fake, tmp_path, capsys):
 
 def test_near_capacity_names_the_step(fake):
     fake.cap = RESIDENT + STATE + ACT + LOSS + GRAD + 1024  # the fit peaks within 1 KiB of the device's memory
-    learn = fit(learner(fake), memory_every=1)
-    a, = [a for a in learn.profile_advice if a.rule == 'memory_near_capacity']
+    learn = fit(learner(fake), memory=dict(every=1))
+    a, = [a for a in learn.profile_result.advice if a.rule == 'memory_near_capacity']
     assert a.evidence['step'] == 'backward' and 'GradientAccumulation' in a.suggestion
 
 def test_memory_off(fake, capsys):
+    "`memory=False` switches the feature off: the allocator is never read, and (unlike a cpu, where it ran and found nothing) no line says so"
     learn = fit(learner(fake), memory=False, show_report=True, plain=True)
-    assert 'Peak Memory' not in learn.simple_profile_results and learn.profile_memory is None
-    assert 'Memory: not tracked (memory=False).' in capsys.readouterr().out
+    assert 'Peak Memory' not in learn.simple_profile_results and learn.profile_result.memory is None
+    assert fake.reads == 0 and 'memory' not in [f.name for f in learn.profile_result.features]
+    assert not any(l.startswith('Memory') for l in capsys.readouterr().out.splitlines())
 
 def test_cpu_without_seam_says_so(capsys):
     learn = fit(learner(FakeMemory()), show_report=True, plain=True)
-    assert 'Peak Memory' not in learn.simple_profile_results and learn.profile_memory is None
+    assert 'Peak Memory' not in learn.simple_profile_results and learn.profile_result.memory is None
     assert 'Memory: not tracked (the model trains on the cpu).' in capsys.readouterr().out
     with pytest.warns(UserWarning, match='memory=True: the model trains on the cpu'): fit(learner(FakeMemory()), memory=True)
 
-@pytest.mark.parametrize('kw, msg', [(dict(memory='yes'), "`memory` must be True, False or 'auto'"), (dict(memory_every=0), '`memory_every` must be')])
+@pytest.mark.parametrize('kw, msg', [(dict(memory='yes'), "`memory` must be True, False, 'auto'"), (dict(memory=dict(every=0)), '`memory` must be'),
+                                     (dict(memory_every=5), r'`memory_every` is no longer an option.*`memory=dict\(every=N\)`')])
 def test_bad_options_fail_at_profile(kw, msg):
     with pytest.raises(ValueError, match=msg): learner(FakeMemory()).profile(**kw)
 
@@ -187,7 +191,7 @@ def test_draw_parts_memory(fake, kind):
     learn = learner(fake)
     learn.dls = dls
     learn.add_cb(LetGo())
-    r = fit(learn, memory_every=1).simple_profile_results.set_index(['Phase', 'Step'])
+    r = fit(learn, memory=dict(every=1)).simple_profile_results.set_index(['Phase', 'Step'])
     assert r.loc[('train', 'transfer'), 'Memory Change'] == BATCH_BYTES
     assert r.loc[('train', 'wait'), 'Memory Change'] == 0
     assert r.loc[('train', 'draw'), 'Memory Change'] == BATCH_BYTES

@@ -58,7 +58,7 @@ def test_breakdown_bars_are_the_results(learn):
     assert [x.get_text() for x in ax.get_yticklabels()] == ['train', 'valid']
 
 def test_timeline_series_are_the_batches(learn):
-    tl = timeline_frame(learn.simple_profile_recorder)
+    tl = timeline_frame(learn.profile_result.recorder)
     train = tl[tl.phase == 'train'].reset_index(drop=True)
     assert len(train) == EPOCHS*N_TRAIN and (tl.phase == 'valid').sum() == EPOCHS*N_VALID
     fig = learn.plot_profile_timeline()
@@ -83,11 +83,11 @@ def test_timeline_series_are_the_batches(learn):
 
 def test_warmup_two_and_valid_timeline():
     learn = profiled(warmup=2)
-    tl = timeline_frame(learn.simple_profile_recorder)
+    tl = timeline_frame(learn.profile_result.recorder)
     assert tl[tl.phase == 'train'].warmup.tolist() == ([True]*2 + [False]*(N_TRAIN-2))*EPOCHS
-    ax = plot_timeline(learn.simple_profile_recorder).axes[0]
+    ax = plot_timeline(learn.profile_result.recorder).axes[0]
     assert [(p.get_x(), p.get_width()) for p in ax.patches if p.get_gid() == 'warmup'] == [(i, 1) for i in (0, 1, N_TRAIN, N_TRAIN + 1)]
-    valid = plot_timeline(learn.simple_profile_recorder, phase='valid').axes[0]
+    valid = plot_timeline(learn.profile_result.recorder, phase='valid').axes[0]
     series = [a for a in valid.patches if isinstance(a, StepPatch)]
     assert [a.get_gid() for a in series] == [s for s in SEGMENTS[Phase.VALID] if s != 'warmup']
     assert all(len(a.get_data().values) == EPOCHS*N_VALID for a in series)
@@ -107,9 +107,9 @@ def test_after_batch_work_is_between_steps_or_other(order, where):
     "What the legend's note says: callbacks' after_batch work before the Recorder is `between steps`, after it `other`"
     learn = profiled(cbs=[Nap(order)])
     for phase in ('train', 'valid'):
-        tl = timeline_frame(learn.simple_profile_recorder)
+        tl = timeline_frame(learn.profile_result.recorder)
         steady = ~tl[tl.phase == phase].warmup.to_numpy()
-        ax = plot_timeline(learn.simple_profile_recorder, phase=phase).axes[0]
+        ax = plot_timeline(learn.profile_result.recorder, phase=phase).axes[0]
         seg = {a.get_gid(): a.get_data().values - a.get_data().baseline for a in ax.patches if isinstance(a, StepPatch)}
         assert (seg[where][steady] >= 0.005).all(), (phase, where, seg[where])   # a sleep takes at least its time
         other = 'other' if where == BETWEEN else BETWEEN
@@ -131,10 +131,10 @@ def test_cancelled_steps_still_add_up():
     assert learn.simple_profile_results.set_index(['Phase', 'Step']).loc[('train', 'opt_step'), 'Number of Calls'] == steady_steps
     assert w['train:opt_step'] == pytest.approx(t[('train', 'opt_step')], abs=1e-12)
     assert sum(v for g, v in w.items() if g.startswith('train:')) == pytest.approx(t[('fit', 'train')], abs=1e-9)
-    tl = timeline_frame(learn.simple_profile_recorder)
+    tl = timeline_frame(learn.profile_result.recorder)
     train = tl[tl.phase == 'train']
     assert train.opt_step.isna().tolist() == [i % 2 == 1 for i in train.iter]
-    top = [a for a in plot_timeline(learn.simple_profile_recorder).axes[0].patches if isinstance(a, StepPatch)][-1]
+    top = [a for a in plot_timeline(learn.profile_result.recorder).axes[0].patches if isinstance(a, StepPatch)][-1]
     np.testing.assert_allclose(top.get_data().values, train.total, atol=1e-12)
 
 def test_png_files(learn, tmp_path):
@@ -156,7 +156,7 @@ def test_no_pyplot_state_and_given_axes(learn):
     from matplotlib.figure import Figure
     fig = Figure(); ax1, ax2 = fig.subplots(1, 2)
     assert plot_profile(learn.simple_profile_results, ax=ax1) is fig
-    assert plot_timeline(learn.simple_profile_recorder, ax=ax2) is fig
+    assert plot_timeline(learn.profile_result.recorder, ax=ax2) is fig
     assert len(ax1.patches) > 0 and len(ax2.patches) > 0
 
 def test_clear_errors_before_profiling(tmp_path):
@@ -164,7 +164,7 @@ def test_clear_errors_before_profiling(tmp_path):
     for f in (learn.plot_profile, learn.plot_profile_timeline, lambda: save_plots(learn, 'x.png')):
         with pytest.raises(RuntimeError, match=r'learn.profile\(\)'): f()
     assert not (tmp_path/'x.png').exists()
-    with pytest.raises(ValueError, match="'train' or 'valid'"): plot_timeline(profiled().simple_profile_recorder, phase='fit')
+    with pytest.raises(ValueError, match="'train' or 'valid'"): plot_timeline(profiled().profile_result.recorder, phase='fit')
 
 def test_keep_raw_false():
     learn = synth_learner().profile(show_report=False, keep_raw=False)

@@ -19,7 +19,7 @@ def test_modes_through_a_fit(sync_mode, mode):
     learn.remove_cb(ProgressCallback)
     with learn.no_logging(): learn.fit(2)
     res = learn.simple_profile_results
-    assert learn.simple_profile_sync == mode
+    assert learn.profile_result.sync == mode
     r = res.set_index(['Phase', 'Step'])
     assert r.loc[('train', 'draw'), 'Number of Calls'] == 2*(8-1)
     for phase in ('train', 'valid'):
@@ -30,18 +30,19 @@ def test_modes_through_a_fit(sync_mode, mode):
         # mirrored events read the host's clock: both views hold the batch's callback work
         assert r.loc[('train', 'batch'), 'Total Time'] == pytest.approx(r.loc[('train', 'batch'), 'Host Total Time'], rel=1e-9)
         assert r.loc[('train', 'batch'), 'Total Time'] == pytest.approx(2*(8-1)*sum(TICKS.values()), rel=1e-9)
-        rec = learn.simple_profile_recorder
+        rec = learn.profile_result.recorder
         assert isinstance(rec, EventRecorder)
         for phase in (Phase.TRAIN, Phase.VALID): assert rec.device[phase].n == rec.tables[phase].n   # every event resolved
     import pickle
-    assert pickle.loads(pickle.dumps(learn)).simple_profile_results.equals(res)   # the record pickles with the Learner
+    assert pickle.loads(pickle.dumps(learn)).profile_result is None   # the record stays beside the Learner, out of its pickle ...
+    assert pickle.loads(pickle.dumps(learn.profile_result.pin(learn))).simple_profile_results.equals(res)   # ... unless pinned into it
     if mode == 'device': assert len(seam) >= 2*8*9   # a synchronisation at every boundary of every batch
 
 def test_cpu_falls_back_to_host_clock_and_says_so(capsys):
     learn = synth_learner(n_trn=4, n_val=1).profile(sync='events', plain=True)
     learn.remove_cb(ProgressCallback)
     with learn.no_logging(): learn.fit(1)
-    assert learn.simple_profile_sync == 'none'
+    assert learn.profile_result.sync == 'none'
     assert "sync='none': sync='events' needs an accelerator" in capsys.readouterr().out
 
 def test_raw_rows_stay_at_120_bytes_per_batch():
@@ -173,7 +174,7 @@ def test_real_gpu_modes(sync):
     with learn.no_logging(): learn.fit(2)
     res = learn.simple_profile_results
     expected = 'events' if sync == 'auto' else sync
-    assert learn.simple_profile_sync == expected
+    assert learn.profile_result.sync == expected
     r = res.set_index(['Phase', 'Step'])
     assert r.loc[('train', 'forward'), 'Mean Duration'] > 0 and r.loc[('train', 'backward'), 'Mean Duration'] > 0
     if expected == 'events': assert r.loc[('train', 'batch'), 'Host Total Time'] > 0

@@ -168,7 +168,7 @@ def test_budget_holds():
 def test_bad_options_fail_at_the_call(kw, msg):
     learn = busy_learner(n_batches=10)
     with pytest.raises(ValueError, match=msg): learn.speed_find(show=False, **kw)
-    assert learn.__dict__.get('profile_result') is None
+    assert learn.profile_result is None  # nothing was profiled
 
 def test_not_inside_a_fit():
     from fastai.callback.core import Callback

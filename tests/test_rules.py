@@ -1,4 +1,4 @@
-"""Insight: each rule fires on a made-up run that has its problem and stays silent on one that doesn't; real fits get the
+"""Rules: each rule fires on a made-up run that has its problem and stays silent on one that doesn't; real fits get the
 data-bound verdict when the data is slow and no advice when they are healthy; the trace window writes fastai's phases
 into a chrome trace during a real fit on CPU, and stops the profiler when the fit fails."""
 import contextlib, gc, importlib.util, json, time
@@ -12,10 +12,12 @@ from fastai.callback.core import Callback
 from fastai.callback.progress import ProgressCallback  # noqa: F401  (adds the progress bar to new Learners, as users have it)
 from fastai.test_utils import synth_learner
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
-from fastxtend_prof import simpleprofiler
+from fastxtend_prof import trace
 from fastxtend_prof.recorder import Phase
-from fastxtend_prof.insight import (Advice, RULES, advise, data_bound, startup, host_bound_opt_step, heavy_callbacks, unstable_steps,
-    host_timing, learner_advice, run_context, synthetic_run)
+from fastxtend_prof.advice import Advice
+from fastxtend_prof.rules import (RULES, advise, data_bound, startup, host_bound_opt_step, heavy_callbacks, unstable_steps,
+    host_timing, run_context)
+from fastxtend_prof.testing import synthetic_run
 from fastxtend_prof.trace import RANGE_NAMES, TraceWindow, TraceObserver
 from conftest import busy, ManualClock, Tick, recorder_with
 
@@ -34,8 +36,7 @@ CASES = [
 
 @pytest.mark.parametrize('rule,kw,ctx', CASES, ids=[c[0].__name__ for c in CASES])
 def test_rule_fires_on_its_problem(rule, kw, ctx):
-    res, rec = synthetic_run(**kw)
-    adv = rule(res, rec, {**CTX, **ctx})
+    adv = rule(synthetic_run(**kw), {**CTX, **ctx})
     assert [a.rule for a in adv] == [rule.__name__]
     a = adv[0]
     assert a.severity in ('critical', 'warning', 'info') and a.evidence and a.suggestion and a.verdict
@@ -43,39 +44,39 @@ def test_rule_fires_on_its_problem(rule, kw, ctx):
 
 @pytest.mark.parametrize('rule', RULES, ids=[r.__name__ for r in RULES])
 def test_rule_silent_on_healthy_run(rule):
-    res, rec = synthetic_run(n_batches=30, epochs=3, n_valid=5)
-    assert rule(res, rec, CTX) == []
+    assert rule(synthetic_run(n_batches=30, epochs=3, n_valid=5), CTX) == []
 
 def test_no_rule_fires_on_healthy_run():
-    assert advise(*synthetic_run(n_batches=40, epochs=2, n_valid=5), CTX) == []
+    assert advise(synthetic_run(n_batches=40, epochs=2, n_valid=5), CTX) == []
 
 def test_evidence_numbers():
-    a, = data_bound(*synthetic_run(draw=0.01), CTX)  # step: 10 ms draw + 10.7 ms batch + 0.5 ms other
+    a, = data_bound(synthetic_run(draw=0.01), CTX)  # step: 10 ms draw + 10.7 ms batch + 0.5 ms other
     assert a.severity == 'warning'
     assert a.evidence['draw_share'] == pytest.approx(10/21.2)
     assert a.evidence['samples_per_second'] == pytest.approx(64/21.2e-3)
     assert a.evidence['samples_per_second_without_wait'] == pytest.approx(64/11.2e-3)
-    assert data_bound(*synthetic_run(draw=0.05), CTX)[0].severity == 'critical'
-    a, = unstable_steps(*synthetic_run(slow={3: dict(other=0.06), 20: dict(draw=0.06), 45: dict(forward=0.06)}), CTX)
+    assert data_bound(synthetic_run(draw=0.05), CTX)[0].severity == 'critical'
+    a, = unstable_steps(synthetic_run(slow={3: dict(other=0.06), 20: dict(draw=0.06), 45: dict(forward=0.06)}), CTX)
     assert a.evidence['batches'] == [3, 20, 45] and a.evidence['epoch_batch'] == [(0, 3), (0, 20), (1, 15)]
     assert a.evidence['straggler_steps'] == {'other': 1, 'draw': 1, 'forward': 1}
 
 def test_suggestions_follow_context():
-    res, rec = synthetic_run(draw=0.01)
-    assert data_bound(res, rec, CTX)[0].suggestion.startswith('Set `num_workers` > 0')
-    s = data_bound(res, rec, {**CTX, 'num_workers': 4, 'device': 'cuda', 'loader': 'torch'})[0].suggestion
+    r = synthetic_run(draw=0.01)
+    assert data_bound(r, CTX)[0].suggestion.startswith('Set `num_workers` > 0')
+    assert 'batch_tfms' not in data_bound(r, CTX)[0].suggestion  # a model on the CPU: no "move augmentation to the GPU"
+    assert 'batch_tfms' in data_bound(r, {**CTX, 'device': 'cuda'})[0].suggestion
+    s = data_bound(r, {**CTX, 'num_workers': 4, 'device': 'cuda', 'loader': 'torch'})[0].suggestion
     assert 'above 4' in s and 'pin_memory' in s and 'persistent_workers' in s
-    res, rec = synthetic_run(n_batches=10, epochs=3, startup=0.1)
-    assert 'ignores `persistent_workers`' in startup(res, rec, {**CTX, 'num_workers': 2})[0].suggestion
-    assert startup(res, rec, {**CTX, 'num_workers': 2, 'loader': 'torch'})[0].suggestion.startswith('Set `persistent_workers=True`')
-    res, rec = synthetic_run(other=0.006)
-    assert '`ProgressCallback`' in heavy_callbacks(res, rec, CTX)[0].suggestion
+    r = synthetic_run(n_batches=10, epochs=3, startup=0.1)
+    assert 'ignores `persistent_workers`' in startup(r, {**CTX, 'num_workers': 2})[0].suggestion
+    assert startup(r, {**CTX, 'num_workers': 2, 'loader': 'torch'})[0].suggestion.startswith('Set `persistent_workers=True`')
+    r = synthetic_run(other=0.006)
+    assert '`ProgressCallback`' in heavy_callbacks(r, CTX)[0].suggestion
 
 def test_crashing_rule_is_skipped():
-    def broken(results, rec, ctx): raise ValueError('boom')
-    res, rec = synthetic_run(draw=0.01)
+    def broken(result, ctx): raise ValueError('boom')
     with pytest.warns(UserWarning, match='broken'):
-        adv = advise(res, rec, CTX, extra=[Advice('x', 'info', {}, 'y')], rules=[broken, data_bound])
+        adv = advise(synthetic_run(draw=0.01), CTX, extra=[Advice('x', 'info', {}, 'y')], rules=[broken, data_bound])
     assert [a.rule for a in adv] == ['data_bound', 'x']
 
 # --- real fits -----------------------------------------------------------------------------------------------------
@@ -100,17 +101,17 @@ def fit(n_train, delay, compute, epochs, bs=16, n_valid=32, clock=None, cbs=()):
     "A profiled fit of `BusyModel(compute)` on items that take `delay` each to load, timed on `clock` (None: the real one)"
     torch.manual_seed(0)
     dls = DataLoaders.from_dsets(SlowItems(n_train, delay), SlowItems(n_valid, delay), bs=bs, num_workers=0, device='cpu')
-    # no FLOP counting: these rules read the timings, and a model that spins (or a clock the test moves) has no MFU to judge
+    # no FLOP counting (off by default; said here because these rules read the timings, and a model that spins, or a clock the test moves, has no MFU to judge)
     learn = Learner(dls, BusyModel(compute, clock), loss_func=MSELossFlat(), cbs=list(cbs)).profile(show_report=False, flops=False)
     with recorder_with(clock) if clock is not None else contextlib.nullcontext(), learn.no_bar(): learn.fit(epochs, 1e-3)
     return learn
 
 def test_real_slow_data_is_data_bound():
     learn = fit(n_train=128, delay=2e-3, compute=0, epochs=1)
-    adv = learner_advice(learn, show=False)
+    adv = learn.profile_result.advice
     db = [a for a in adv if a.rule == 'data_bound']
     assert db and db[0].evidence['draw_share'] > 0.5 and db[0].evidence['draw_mean_s'] > 16*2e-3
-    assert learn.profile_advice == adv  # what the fit stored is what learner_advice computes again
+    assert advise(learn.profile_result) == adv  # what the fit stored is what the rules compute again
     assert db[0].suggestion.startswith('Set `num_workers` > 0')
 
 HEALTHY = dict(before_draw=3e-4, after_loss=1e-4, after_backward=4e-4, before_step=3e-4)  # s a batch spends loading, on the loss, backward, optimizer
@@ -124,7 +125,7 @@ def test_real_healthy_fit_gets_no_advice():
     learn = fit(n_train=25*16, delay=0, compute=0.01, epochs=2, clock=clk, cbs=cbs)
     r = learn.simple_profile_results.set_index(['Phase', 'Step'])
     assert r.loc[('train', 'forward'), 'Median Duration'] == pytest.approx(0.01) and r.loc[('train', 'other'), 'Median Duration'] == pytest.approx(2e-4)
-    assert learner_advice(learn, show=False) == []
+    assert learn.profile_result.advice == [] and advise(learn.profile_result) == []
 
 def test_run_context_reads_learner():
     learn = synth_learner()
@@ -132,6 +133,7 @@ def test_run_context_reads_learner():
     ctx = run_context(learn, sync='cuda')
     assert (ctx['device'], ctx['sync'], ctx['num_workers'], ctx['pin_memory'], ctx['loader']) == ('cpu', 'cuda', 3, True, 'fastai')
     assert ctx['callbacks_in_other'] == ['Recorder', 'ProgressCallback']
+    assert (ctx['batch_tfms'], ctx['callbacks_in_step'], ctx['accumulate']) == (False, [], None) and 'accelerator' in ctx
     from fastai.optimizer import OptimWrapper
     from fastai.test_utils import synth_dbunch, RegModel
     learn = Learner(synth_dbunch(), RegModel(), loss_func=MSELossFlat(), opt_func=partial(OptimWrapper, opt=torch.optim.AdamW, foreach=True))
@@ -142,15 +144,15 @@ def test_run_context_reads_learner():
 
 def trace_next_fits(monkeypatch, window):
     "Make `learn.profile(trace=True)` run `window`, made here so that a test can pass one with known delays"
-    monkeypatch.setattr(simpleprofiler, 'TraceWindow', lambda **kw: window)
+    monkeypatch.setattr(trace, 'TraceWindow', lambda **kw: window)
 
 def test_trace_window_on_real_fit(tmp_path, monkeypatch):
     path = tmp_path/'trace'/'profile_trace.json'
     trace_next_fits(monkeypatch, TraceWindow(path, wait=1, warmup=1, active=2))
     learn = synth_learner(n_trn=5).profile(show_report=False, trace=True)  # 5 train batches per epoch
     with learn.no_bar(): learn.fit(1)
-    rec = learn.simple_profile_recorder
-    tr = learn.profile_trace
+    rec = learn.profile_result.recorder
+    tr = learn.profile_result.trace
     assert tr["trace_path"] == path and tr["batches"] == [2, 3] and tr["profiler_s"] > 0 and tr['export_s'] > 0
     names = {e.get('name') for e in json.loads(path.read_text())['traceEvents']}
     train = {n for (p, _), n in RANGE_NAMES.items() if p is Phase.TRAIN}
@@ -169,8 +171,8 @@ def test_trace_window_on_real_fit(tmp_path, monkeypatch):
     assert ('valid', 'trace') not in r.index  # the window ended inside the train loop
     assert res[(res.Phase == 'train') & (res.Action == res.Step)]['Total Time'].sum() == pytest.approx(r.loc[('fit', 'train'), 'Total Time'])
     # torch's matcher finds fastai's zero_grad (zeroes instead of None); its TF32 finding is dropped on CPU
-    adv = learner_advice(learn, show=False)
-    assert learn.profile_trace is tr
+    adv = learn.profile_result.advice
+    assert learn.profile_result.trace is tr
     rules = {a.rule for a in adv}
     if importlib.util.find_spec('torch.profiler._pattern_matcher'): assert 'torch_grad_zero_not_none' in rules
     else:  # torch 2.14 removed the matcher: no findings, and the report's title says why
@@ -184,7 +186,7 @@ def test_trace_window_spanning_epochs_records_valid_loop(tmp_path, monkeypatch):
     trace_next_fits(monkeypatch, TraceWindow(path, wait=3, warmup=0, active=3))
     learn = synth_learner(n_trn=4).profile(show_report=False, trace=True)  # 4 train batches per epoch
     with learn.no_bar(): learn.fit(2)
-    tr = learn.profile_trace
+    tr = learn.profile_result.trace
     assert tr['batches'] == [3, 4, 5]
     r = learn.simple_profile_results.set_index(['Phase', 'Step'])
     assert r.loc[('train', 'trace'), 'Number of Calls'] == 4   # 2 (start), 3, then 4 and 5 after the valid loop (stop)
@@ -204,7 +206,7 @@ def test_trace_window_stops_when_fit_fails(tmp_path, monkeypatch):
     learn = synth_learner(n_trn=8, cbs=Boom(3)).profile(show_report=False, trace=True)
     with pytest.raises(RuntimeError, match='boom'), learn.no_bar(): learn.fit(1)
     assert not torch.autograd._profiler_enabled()
-    tr = learn.profile_trace
+    tr = learn.profile_result.trace
     assert tr['trace_path'] == path and path.exists() and tr['batches'] == [1, 2, 3]
 
 def test_trace_window_too_short_fit_warns(tmp_path):
@@ -275,7 +277,7 @@ def test_trace_window_is_kept_out_of_the_statistics(tmp_path, monkeypatch, capsy
     try:
         with learn.no_bar(): learn.fit(1)
     finally: gc.enable()
-    assert learn.simple_profile_sync == mode
+    assert learn.profile_result.sync == mode
     res = learn.simple_profile_results
     r = res.set_index(['Phase', 'Step'])
     # batches 2-5: the start at batch 3's draw lands in 2's `other`, 3-5 ran under the profiler, its stop lands in 5's
@@ -288,9 +290,9 @@ def test_trace_window_is_kept_out_of_the_statistics(tmp_path, monkeypatch, capsy
     # No rule read the window's time: a rule may still fire on this tiny Learner's own noise when the machine is loaded
     # (a few ms of scheduler delay on ~100 µs steps), but none of the seconds it cites holds a start, a stop or the export:
     # one START in a batch would be all of a p99 or max, and spread over the 26 steady batches still 3.8 s of a mean
-    for a in learn.profile_advice:
+    for a in learn.profile_result.advice:
         assert all(v < (START/3 if k.startswith(('p99', 'max')) else START/30) for k, v in a.evidence.items() if k.endswith('_s')), a
-    tr = learn.profile_trace
+    tr = learn.profile_result.trace
     assert tr['profiler_s'] >= 3*START and tr['export_s'] >= EXPORT
     assert r.loc[('fit', 'fit'), 'Total Time'] < EXPORT_JUMP   # the export came after the fit's timing
     title = next(l for l in capsys.readouterr().out.splitlines() if l.startswith('Simple Profiler report'))
