@@ -6,7 +6,8 @@ valid loop's predict and loss the same). The model itself is one tiny linear lay
 device's work. On the host these steps only *launch* the kernels, which takes microseconds.
 
 - `sync='events'` (what `'auto'` picks on a GPU) and `sync='device'` must report every step within 5% or 0.3 ms of its
-  known GPU work, whichever is larger.
+  known GPU work, whichever is larger; `'device'` may also add up to 1 ms of the host's launch latency, which it times
+  because it starts each step on an idle GPU (measured on an H100: backward 12.6 ms for 12.0 ms of work).
 - `sync='none'` times the host only: it is expected to miss the GPU work (each step well under half of it), and the
   profiler's own advice says so (`host_timing`). The test asserts that miss, so the limitation stays documented.
 """
@@ -87,18 +88,22 @@ def profiled(work, sync):
     torch.cuda.synchronize()
     return learn
 
+# `sync='device'` starts every step on an idle GPU, so the host's work before the step's first kernel counts too: on an
+# H100, backward +0.6 ms (autograd hands the Python Function's backward to its device thread), loss +0.1 ms
+LATE = dict(events=0., auto=0., device=1e-3)
 STEPS = [('train', 'forward', 'forward'), ('train', 'loss', 'loss'), ('train', 'backward', 'backward'),
          ('train', 'opt_step', 'opt_step'), ('train', 'zero_grad', 'zero_grad'), ('valid', 'predict', 'forward'), ('valid', 'loss', 'loss')]
 
 @pytest.mark.parametrize('sync', ['events', 'device', 'auto'])
 def test_device_modes_see_each_steps_gpu_work(work, sync):
     learn = profiled(work, sync)
-    assert learn.simple_profile_sync == ('events' if sync == 'auto' else sync)
+    assert learn.profile_result.sync == ('events' if sync == 'auto' else sync)
     r = learn.simple_profile_results.set_index(['Phase', 'Step'])
     for phase, step, key in STEPS:
         known, got = work[key][1]/1e3, r.loc[(phase, step), 'Mean Duration']
         print(f'sync={sync:6} {phase:5} {step:9} known {known*1e3:6.3f} ms  measured {got*1e3:6.3f} ms')
-        assert abs(got - known) <= max(0.05*known, 3e-4), (phase, step, got, known)
+        tol = max(0.05*known, 3e-4)
+        assert -tol <= got - known <= tol + LATE[sync], (phase, step, got, known)
         n = (N_TRAIN if phase == 'train' else N_VALID) - 1
         assert r.loc[(phase, step), 'Number of Calls'] == EPOCHS*n
     for phase in ('train', 'valid'):   # the partition holds on the device too
@@ -111,4 +116,4 @@ def test_host_timing_misses_the_gpu_work_and_says_so(work):
     r = learn.simple_profile_results.set_index(['Phase', 'Step'])
     for phase, step, key in STEPS:
         assert r.loc[(phase, step), 'Mean Duration'] < 0.5*work[key][1]/1e3, (phase, step)
-    assert 'host_timing' in {a.rule for a in learn.profile_advice}
+    assert 'host_timing' in {a.rule for a in learn.profile_result.advice}

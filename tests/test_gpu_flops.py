@@ -3,7 +3,7 @@
 A matmul-heavy model (three 4,096² Linear layers, batches of 4,096) trains under fastai's bf16 `MixedPrecision`: its
 FLOPs per batch are the formula's, the type read is bf16, the forward's MFU against the measured bf16 peak is between
 0.3 and 1.2, and, on a device in the datasheet table, the datasheet MFU is below the measured-peak MFU (no device beats
-its datasheet) and above 0.1. Device time (`sync='events'`) is what the FLOP/s divide by."""
+its datasheet) and above 0.1. Device time (`sync='events'`) is what the FLOP/s divide by; FLOPs are opt-in (`flops=True`)."""
 import pytest, torch
 from torch import nn
 import torch.nn.functional as F
@@ -23,9 +23,9 @@ def test_bf16_matmul_model_mfu():
     model = nn.Sequential(*[nn.Linear(D, D, bias=False) for _ in range(3)])
     learn = Learner(dls, model, loss_func=F.mse_loss, opt_func=SGD, lr=1e-6, cbs=[MixedPrecision(amp_mode='bf16')])
     learn.remove_cb(ProgressCallback)
-    learn.profile(show_report=False, sync='events')
+    learn.profile(show_report=False, sync='events', flops=True)
     with learn.no_logging(): learn.fit(1)
-    prof, res = learn.profile_flops, learn.simple_profile_results
+    prof, res = learn.profile_result.flops, learn.simple_profile_results
     assert prof.dtype == 'bf16'
     c = next(iter(prof.counts.values()))
     assert c['forward'] == 3*2*BS*D*D and c['backward'] == 2*3*2*BS*D*D - 2*BS*D*D  # no input gradient for the first layer
