@@ -12,7 +12,7 @@ __all__ = ['KNOWN_LOGGERS', 'SUMMARY_KEYS', 'Logger', 'LoggerEntry', 'register_l
 # %% ../nbs/06_loggers.ipynb #f29682a0
 import math, sys, warnings
 from typing import Callable, NamedTuple
-import numpy as np, pandas as pd
+import pandas as pd
 from .recorder import Phase, Step, TimingRecorder, check_int
 from .report import report_markdown
 from .features import FEATURES

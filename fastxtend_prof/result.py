@@ -8,7 +8,7 @@ Docs: https://fastxtend-prof.github.io/fastxtend_prof/result.html.md"""
 __all__ = ['recorder_results', 'folded_recorder', 'fastxtend_layout', 'ProfileResult', 'fit_result']
 
 # %% ../nbs/30_result.ipynb #265cc487
-import copy, math, warnings, weakref
+import copy, warnings, weakref
 from functools import cached_property
 import pandas as pd
 from fastcore.basics import patch

@@ -14,7 +14,7 @@ __all__ = ['DATA_BOUND_SHARE', 'DATA_BOUND_CRITICAL', 'DATA_BOUND_MIN_DRAW', 'ST
            'advise']
 
 # %% ../nbs/03_rules.ipynb #db59b276
-import functools, math, os, sys, warnings
+import functools, math, os, warnings
 import numpy as np, pandas as pd, torch
 from dataclasses import dataclass
 from .recorder import (
