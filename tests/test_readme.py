@@ -1,8 +1,9 @@
 """The front page and the install page say what the project does.
 
 README.md is the rendering of nbs/index.ipynb (scripts/readme.py), so the two can't drift. The install page
-(nbs/20_install.ipynb) says what pyproject.toml does: the extras and what each installs, the repository to install
-from, and floors that are the oldest versions it reports passing. The README's own install lines name the repository."""
+(nbs/20_install.ipynb) says what pyproject.toml does: the extras and what each installs, that it installs from a
+clone (there is no public address, and no file may name one), and floors that are the oldest versions it reports
+passing."""
 import re, importlib.util
 from pathlib import Path
 import pytest
@@ -76,11 +77,22 @@ def test_the_base_row_lists_the_dependencies():
     base = next(r for r in table(section('Install')) if r['extra'] == '(none)')
     assert set(base['adds'].split(', ')) == {name(r) for r in PROJECT['dependencies']}
 
-def test_git_urls_are_the_repository():
-    for text in (section('Install'), section('Install', README)):
-        urls = re.findall(r'git\+(https://[^"\s]+)"', text)
-        assert urls and set(urls) == {PROJECT['urls']['Repository']}
-    assert f"git clone {PROJECT['urls']['Repository']} " in section('Install')
+def test_no_address_that_does_not_exist():
+    "The project has no public repository or docs site: no file may send a user to one (install lines, docstrings, settings)"
+    made_up = ('github.com/' + 'fastxtend-prof', 'fastxtend-prof' + '.github.io')
+    files = [f for f in ROOT.rglob('*') if f.is_file() and f.suffix in ('.py', '.ipynb', '.md', '.toml', '.yml', '.sh', '.txt', '')
+             and not any(p.startswith(('.venv', '.git', 'build', 'dist', '_proc', '_docs', '.base', '.diag')) or p.endswith('.egg-info')
+                         for p in f.relative_to(ROOT).parts)]
+    assert len(files) > 50
+    bad = [f'{f.relative_to(ROOT)}: {u}' for f in files for u in made_up if u in f.read_text(errors='ignore')]
+    assert not bad, bad
+    assert 'urls' not in PROJECT
+    assert 'has no public address' in section('Install', README) and 'has no public address' in section('Install')
+
+def test_the_license_pyproject_names_is_there():
+    assert PROJECT['license'] == 'Apache-2.0' and PROJECT['license-files'] == ['LICENSE']
+    text = (ROOT/'LICENSE').read_text()
+    assert 'Apache License' in text and 'Version 2.0, January 2004' in text and 'END OF TERMS AND CONDITIONS' in text
 
 def test_floors_are_stated_and_are_the_oldest_passing_row():
     text = section('Tested with')
