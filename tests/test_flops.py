@@ -384,3 +384,17 @@ def test_nothing_outside_the_models_step_is_counted_or_noted():
     learn = fit(Learner(dls, nn.Linear(20, 8), loss_func=MSELossFlat()))
     assert only_count(learn)['forward'] == 2*b*20*8
     assert learn.profile_result.flops.uncounted == {}
+
+def test_the_block_is_one_line_when_it_would_say_nothing():
+    "A model so small its steps are all overhead (the README's Quick start): FLOPs per batch and why no MFU, in one line; `full=True` the block"
+    learn = fit(tensor_learner(nn.Sequential(nn.Linear(20, 16), nn.ReLU(), nn.Linear(16, 8))))
+    prof, res = learn.profile_result.flops, learn.simple_profile_results
+    assert prof.measured_peak > 0 and res.MFU.max() < 0.01
+    text = flops_text(prof, res)
+    first, *rest = text.splitlines()
+    assert first.startswith('FLOPs: ') and all(l.startswith('    ') for l in rest) and 'too little work' in ' '.join(text.split()), text  # one paragraph
+    assert [l for l in learn.profile_result.lines() if 'FLOP' in l][0].startswith('FLOPs: ')
+    full = flops_text(prof, res, full=True)
+    assert 'Peak on' in full and '  forward' in full and 'too little work' not in full
+    prof.measured_peak = prof.datasheet_peak = 0.
+    assert 'no peak known' in flops_text(prof, res)
