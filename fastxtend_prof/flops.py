@@ -22,7 +22,7 @@ from torch.utils.flop_counter import flop_registry
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily  # loaded by `import torch` already
 from .recorder import AFTER_PRED, FLAGS, NO_BACKWARD, SAMPLES, TRACED, Phase, Relay, Step
 from .report import text_width
-from .advice import Advice
+from .advice import Advice, fill_text
 from .events import train_device
 from .features import Feature, register_feature
 from .gains import train_intervals
@@ -693,8 +693,7 @@ def flops_text(prof:FlopProfile|None, results:pd.DataFrame|None=None, gains:pd.D
         if peak <= 0: why = f'no peak known on {prof.device} ({prof.peak_note}), so no MFU'
         else: why = (f"at most {_pct(best)} of the {'measured' if prof.measured_peak > 0 else 'datasheet'} peak ({_flop(peak)}FLOP/s): "
                      'too little work per batch for FLOP/s to say where the time goes')
-        return textwrap.fill(f'{work}, {why}; per step in the `FLOP/s` and `MFU` columns of the results.', max(width or text_width(), 40),
-                             subsequent_indent='    ', break_on_hyphens=False)
+        return fill_text(f'{work}, {why}; per step in the `FLOP/s` and `MFU` columns of the results.', max(width or text_width(), 40))
     lines = [counting_note(prof) + '.']
     if prof.per_batch > 0:
         lines.append(f"A batch of {c['samples']:.0f}: {_flop(prof.per_batch)}FLOP ({', '.join(f'{k} {_flop(c[k])}' for k in (_F, _L, _B))})"
@@ -716,7 +715,7 @@ def flops_text(prof:FlopProfile|None, results:pd.DataFrame|None=None, gains:pd.D
                         for s, c, x, lo, hi in zip(g.Step, g.Change, g.Speedup, g['Speedup Low'], g['Speedup High']))
         if len(g): lines.append(f'Faster by, if a step took no time (the forward and backward: if they ran at the measured peak): {top}.')
     width = width or text_width()
-    return '\n'.join(l if l.startswith('  ') else textwrap.fill(l, max(width, 40), subsequent_indent='    ') for l in lines)
+    return '\n'.join(l if l.startswith('  ') else fill_text(l, max(width, 40)) for l in lines)
 
 # %% ../nbs/18_flops.ipynb #ed8eb5e8
 LOW_MFU = 0.3  # forward or backward under this share of the measured peak ...
