@@ -425,8 +425,9 @@ class SpeedResult:
         ax.set_yticks(y, [f'{c}' for c in t.Change])
         ax.invert_yaxis()
         ax.set_xlabel('train samples/s')
-        ax.set_title('speed_find: each configuration tried (green: kept)')
-        ax.legend(loc='upper center', bbox_to_anchor=(0.5, -0.35), fontsize=8, frameon=False)
+        ax.set_title('speed_find: each configuration tried (green: kept)', loc='left')
+        # above the axes' right end, beside the title: below the axes, an offset in axes heights fell off a short figure's bottom
+        ax.legend(loc='lower right', bbox_to_anchor=(1, 1), borderaxespad=0, fontsize=8, frameon=False)
         if fname is not None: save_figure(fig, fname)
         return fig
 
