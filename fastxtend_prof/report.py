@@ -15,7 +15,6 @@ from pathlib import Path
 import pandas as pd
 from fastcore.basics import IN_NOTEBOOK
 from .recorder import STAT_COLS
-from .events import train_device
 
 # %% ../nbs/02_report.ipynb #8e747a3a
 RESULT_COLS = ('Phase', 'Action', 'Step') + STAT_COLS + ('Percent of Total',)
@@ -133,11 +132,14 @@ def output_path(path, default_name:str) -> Path:
     p = Path(path)
     return p/default_name if s.endswith(('/', os.sep)) or p.is_dir() else p
 
-def check_writable(path, what:str='output') -> Path:
-    "`path` if a file can be written there (its folder exists and is writable, or can be created); else ValueError naming `what`"
+def check_writable(path, what:str='output', create:bool=True) -> Path:
+    "`path` if a file can be written there (its folder exists and is writable, or can be created unless `create=False`); else ValueError naming `what`"
     path = Path(path)
     if path.is_dir(): raise ValueError(f'{what}: {str(path)!r} is a folder, not a file')
     d = path.parent
+    if not create and not d.is_dir():
+        raise ValueError(f"{what}: cannot write {str(path)!r}: {str(d)!r} is not a folder" if d.exists() else
+                         f"{what}: cannot write {str(path)!r}: no folder {str(d)!r}")
     while not d.exists() and d != d.parent: d = d.parent  # the nearest folder that exists: the rest would be created
     try:  # try it (permission bits don't tell for root or special file systems such as /proc): leaves nothing behind
         if path.exists(): open(path, 'a').close()
@@ -182,6 +184,7 @@ def _n_batches(dl):
 def run_metadata(learn, warmup:int=1, sync:str|None=None) -> dict:
     "What a profile needs to be compared with another: versions, device, batch size, batches per epoch, `warmup`, timing mode `sync`, time"
     import torch
+    from fastxtend_prof.events import train_device  # here, not at the top: reading and checking files needs neither torch nor fastai
     dls, device = getattr(learn, 'dls', None), str(train_device(learn))
     train, valid = getattr(dls, 'train', None), getattr(dls, 'valid', None)
     name = torch.cuda.get_device_name(device) if device.startswith('cuda') and torch.cuda.is_available() else (platform.processor() or platform.machine())

@@ -7,6 +7,7 @@ def run(*args, cwd):
                           cwd=cwd, env=dict(os.environ, PYTHONWARNINGS='ignore', MPLBACKEND='Agg'))
 
 def test_demo_writes_csv_and_chart(tmp_path):
+    (tmp_path/'out').mkdir()  # output folders must exist: a missing one is refused, not created
     p = run('demo', '--epochs', '1', '--num-workers', '0', '--device', 'cpu', '--no-progress', '--csv', 'out/res.csv', '--plot', 'out/chart.png', cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
     assert 'Simple Profiler report' in p.stdout and "sync='" not in p.stdout   # on the CPU: host timing, no sync note
@@ -18,27 +19,55 @@ def test_demo_writes_csv_and_chart(tmp_path):
 def test_bad_option_exits_2(tmp_path):
     bad = [['demo', '--epochs', '0'], ['demo', '--sync', 'gpu'], ['demo', '--bs', 'many'], ['demo', '--no-such-option'],
            ['demo', '--device', 'tpu'], ['--device', 'gpu'], ['demo', '--slow-data', 'nan'], ['demo', '--slow-data', 'inf'],
-           ['--bs', 'abc', 'demo']]
-    for args in bad:
+           ['--bs', 'abc', 'demo'], ['--epochs', '-1'], ['--epochs', '-1', 'demo'], ['bogus'], ['--bs', '2', 'bogus']]
+    for args in bad:  # before, after or without a subcommand: one line, no usage block
         p = run(*args, cwd=tmp_path)
         assert p.returncode == 2, (args, p.returncode)
-        assert p.stderr.strip().splitlines()[-1].startswith('fastxtend-prof'), p.stderr
-        assert 'Traceback' not in p.stderr
+        lines = p.stderr.strip().splitlines()
+        assert len(lines) == 1 and lines[0].startswith('fastxtend-prof'), (args, p.stderr)
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason='this machine has CUDA: --device cuda is valid here')
 def test_device_cuda_without_a_gpu_exits_2_before_training(tmp_path):
     p = run('demo', '--device', 'cuda', '--no-progress', cwd=tmp_path)
     assert p.returncode == 2 and 'Traceback' not in p.stderr
-    assert p.stderr.strip().splitlines()[-1].startswith('fastxtend-prof: error:') and 'no CUDA device' in p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith('fastxtend-prof: error:') and 'no CUDA device' in p.stderr, p.stderr
     assert 'Simple Profiler report' not in p.stdout   # refused before any training
 
 def test_help_lists_every_option(tmp_path):
-    p = run('demo', '--help', cwd=tmp_path)
-    assert p.returncode == 0
-    for opt in ('--epochs', '--bs', '--num-workers', '--slow-data', '--warmup', '--device', '--sync', '--csv', '--plot', '--trace', '--no-progress'):
-        assert opt in p.stdout, opt
+    for args in (['--help'], ['demo', '--help']):  # the demo's options are the command's too
+        p = run(*args, cwd=tmp_path)
+        assert p.returncode == 0
+        for opt in ('--epochs', '--bs', '--num-workers', '--slow-data', '--warmup', '--device', '--sync', '--csv', '--plot', '--trace',
+                    '--save-json', '--no-progress'):
+            assert opt in p.stdout, (args, opt)
+    top = ' '.join(run('--help', cwd=tmp_path).stdout.split())
+    assert '{demo,compare,tune,run}' in top and 'run SCRIPT [args...] or run -m MODULE [args...]' in top, top
 
-@pytest.mark.parametrize('opt,name', [('--csv', 'r.csv'), ('--plot', 'c.png'), ('--trace', 't.json')])
+LIGHT = """import sys, contextlib, io
+from fastxtend_prof.cli import main
+rcs = []
+with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+    for argv in {argvs!r}:
+        try: rcs.append(main(argv))
+        except SystemExit as e: rcs.append(e.code)
+print(rcs, sorted(m for m in ('torch', 'fastai') if m in sys.modules))"""
+
+def run_light(argvs, cwd):
+    "`main(argv)` for each of `argvs` in one fresh process: the exit codes, and which of torch and fastai got imported"
+    p = subprocess.run([sys.executable, '-c', LIGHT.format(argvs=argvs)], capture_output=True, text=True, timeout=300, cwd=cwd,
+                       env=dict(os.environ, PYTHONWARNINGS='ignore', MPLBACKEND='Agg'))
+    assert p.returncode == 0, p.stderr[-3000:]
+    return p.stdout.strip()
+
+def test_help_and_bad_options_import_neither_torch_nor_fastai(tmp_path):
+    "`--help`, bad options and the output checks made before training cost no torch or fastai import (seconds on a busy laptop)"
+    argvs = [['--help'], ['demo', '--help'], ['compare', '--help'], ['tune', '--help'], ['demo', '--epochs', '0'], ['--bogus'], ['bogus'],
+             ['tune', '--allow', 'bf16'], ['--plot', str(tmp_path/'none'/'x.png')], ['compare', 'a.json', 'b.json', '--step', 'train/draw'],
+             ['compare', str(tmp_path/'missing.json'), 'b.json']]
+    assert run_light(argvs, tmp_path) == f'{[0, 0, 0, 0] + [2]*7} []'
+
+@pytest.mark.parametrize('opt,name', [('--csv', 'r.csv'), ('--plot', 'c.png'), ('--trace', 't.json'), ('--save-json', 'p.json')])
 def test_unwritable_output_exits_2_before_training(tmp_path, opt, name):
     "A file that can't be written is one line and exit 2, before any training, and never reported as saved"
     blocker = tmp_path/'not_a_folder'
@@ -49,8 +78,19 @@ def test_unwritable_output_exits_2_before_training(tmp_path, opt, name):
     assert len(lines) == 1 and lines[0].startswith('fastxtend-prof: error: ' + opt), p.stderr
     assert 'Simple Profiler report' not in p.stdout and 'saved' not in p.stdout.lower()  # nothing trained, nothing claimed
 
+@pytest.mark.parametrize('args', [['demo', '--csv', 'none/r.csv'], ['demo', '--plot', 'none/c.png'], ['demo', '--trace', 'none/t.json'],
+                                  ['demo', '--save-json', 'none/p.json'], ['--plot', 'none/'], ['compare', 'a.json', 'b.json', '--plot', 'none/c.png'],
+                                  ['tune', '--plot', 'none/t.png']])
+def test_missing_folder_is_refused_before_training(tmp_path, args):
+    "A file in a folder that does not exist (a typo, most likely) is one line and exit 2, before anything is read or trained; no folder is created"
+    p = run(*args, '--device', 'cpu', cwd=tmp_path) if args[0] != 'compare' else run(*args, cwd=tmp_path)
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith('fastxtend-prof') and "no folder" in lines[0], p.stderr
+    assert not (tmp_path/'none').exists() and p.stdout == ''
+
 def test_folder_outputs_and_file_modes_follow_the_umask(tmp_path):
     "A path ending in '/' is a folder for the default file name; files get the umask's permissions, as open() gives"
+    (tmp_path/'out').mkdir()
     p = run('demo', '--epochs', '1', '--num-workers', '0', '--device', 'cpu', '--no-progress', '--csv', 'out/', '--plot', 'out/',
             cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -104,3 +144,20 @@ def test_tune_fixes_the_slow_data_demo(tmp_path):
     assert 'speed_find: faster with num_workers=' in p.stdout and 'To keep what speed_find found:' in p.stdout, p.stdout
     assert re.search(r'num_workers=\d+ +\S+ ms \(-\d+%\)', p.stdout), p.stdout
     assert (tmp_path/'tune.png').read_bytes()[:4] == b'\x89PNG'
+
+def test_step_without_the_gate_is_refused(tmp_path):
+    "`--step` names the row `--fail-if-slower` reads: alone it would change nothing, so it is one line and exit 2"
+    p = run('compare', 'a.json', 'b.json', '--step', 'train/nosuch', cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr == ('fastxtend-prof compare: error: --step names the row --fail-if-slower reads: '
+                                              'give --fail-if-slower PCT too (--step train/nosuch alone changes nothing)\n'), p.stderr
+
+def test_demo_save_json_then_compare(tmp_path):
+    "Two demo runs saved with --save-json, then `compare` on them: the comparison from the command line alone, without torch or fastai"
+    for name in ('a', 'b'):
+        p = run('--epochs', '1', '--bs', '128', '--num-workers', '0', '--device', 'cpu', '--no-progress', '--save-json', f'{name}.json', cwd=tmp_path)
+        assert p.returncode == 0, p.stderr[-3000:]
+        assert f'{tmp_path/name}.json' in p.stdout   # the report says where it went
+    p = run('compare', 'a.json', 'b.json', cwd=tmp_path)
+    assert p.returncode == 0 and p.stdout.startswith('Compared with the baseline: train iteration'), p.stdout + p.stderr
+    assert run_light([['compare', 'a.json', 'b.json'], ['compare', 'a.json', 'b.json', '--fail-if-slower', '1000', '--step', 'train/nosuch']],
+                     tmp_path) == '[0, 2] []'   # an unknown step is refused with the gate; neither needs torch

@@ -124,7 +124,7 @@ def test_all_exports_at_most_30_names():
 def test_at_most_14_public_attributes_added_to_learner():
     "What importing the package adds to `Learner` (every module, fastai's callbacks imported first so their additions don't count)"
     probe = ('import fastai.basics, fastai.callback.all; from fastai.learner import Learner; before = set(dir(Learner)); '
-             'import fastxtend_prof.all, fastxtend_prof.tune, fastxtend_prof.plots, fastxtend_prof.cli; '
+             'import fastxtend_prof.all, fastxtend_prof.tune, fastxtend_prof.plots, fastxtend_prof.cli, fastxtend_prof.digits; '
              'print(sorted(a for a in set(dir(Learner)) - before if not a.startswith("_")))')
     out = subprocess.run([sys.executable, '-c', probe], capture_output=True, text=True, check=True).stdout
     added = eval(out.strip().splitlines()[-1])

@@ -6,7 +6,7 @@ from fastai.callback.core import Callback, CancelStepException
 from fastai.callback.progress import *  # noqa: F403  (`learn.no_bar()`)
 import fastxtend_prof.simpleprofiler  # noqa: F401  (adds Learner.profile)
 from fastxtend_prof.recorder import Phase
-from fastxtend_prof.plots import timeline_frame, plot_profile, plot_timeline, save_plots, SEGMENTS, BETWEEN, DRAW_PARTS, segment_names
+from fastxtend_prof.plots import timeline_frame, plot_profile, plot_timeline, save_plots, SEGMENTS, BETWEEN, DRAW_PARTS, segment_names, LEGEND_MIN_SHARE
 from matplotlib.patches import StepPatch
 import matplotlib.pyplot as plt
 
@@ -53,8 +53,16 @@ def test_breakdown_bars_are_the_results(learn):
     assert labels and all(seg.x0 < lab.x0 and lab.x1 < seg.x1 for seg, lab in labels)
     big = max((s for s in DRAW_PARTS + SEGMENTS[Phase.TRAIN][1:]), key=lambda s: w[f'train:{s}'])
     assert f"{100*w[f'train:{big}']/t[('fit', 'train')]:.0f}%" in texts
+    # the legend: what can be seen (at least 1% of a bar), in the bars' order; the note under it names the rest
+    share = {}
+    for g, v in w.items(): share[g.split(':')[1]] = max(share.get(g.split(':')[1], 0), v/t[('fit', g.split(':')[0])])
+    segs = list(dict.fromkeys(g.split(':')[1] for g in w))
+    assert segs == [*DRAW_PARTS, 'forward', 'loss', 'backward', 'opt_step', 'zero_grad', BETWEEN, 'other', 'warmup', 'predict']
     legend = [x.get_text() for x in ax.get_legend().get_texts()]
-    assert legend == [*DRAW_PARTS, 'forward / predict', 'loss', 'backward', 'opt_step', 'zero_grad', BETWEEN, 'other', 'warmup']
+    assert legend == [s for s in segs if share[s] >= LEGEND_MIN_SHARE]
+    small = [s for s in segs if share[s] < LEGEND_MIN_SHARE]
+    note = next(x.get_text() for x in ax.texts if x.get_gid() == 'note')
+    assert note.endswith(f"every bar: {', '.join(small)}") if small else 'not in the legend' not in note
     assert [x.get_text() for x in ax.get_yticklabels()] == ['train', 'valid']
 
 def test_timeline_series_are_the_batches(learn):
@@ -172,3 +180,40 @@ def test_keep_raw_false():
     t, w = totals(learn), bar_widths(learn.plot_profile())  # the breakdown needs only the results
     assert w['train:backward'] == pytest.approx(t[('train', 'backward')], abs=1e-12)
     with pytest.raises(ValueError, match='keep_raw=True'): learn.plot_profile_timeline()
+
+def test_breakdown_legend_leaves_out_what_cannot_be_seen():
+    "A step under 1% of every bar is a sliver: left out of the legend, named in the note; 1% of one bar is enough to stay"
+    import pandas as pd
+    steps = dict(train=dict(draw=.3, forward=.2, loss=.001, backward=.3, opt_step=.1, zero_grad=.0005, batch=.6015, other=.098, warmup=0.),
+                 valid=dict(draw=.5, predict=.4, loss=.05, batch=.45, other=.05, warmup=0.))  # loss: 0.1% of train, 5% of valid
+    res = pd.DataFrame([(p, s, v) for p, st in steps.items() for s, v in st.items()], columns=['Phase', 'Step', 'Total Time'])
+    ax = plot_profile(res).axes[0]
+    assert [x.get_text() for x in ax.get_legend().get_texts()] == ['draw', 'forward', 'loss', 'backward', 'opt_step', 'other', 'predict']
+    note = next(x.get_text() for x in ax.texts if x.get_gid() == 'note')
+    assert note.endswith('not in the legend, under 1% of every bar: zero_grad, between steps, warmup'), note
+    assert {p.get_gid() for p in ax.patches} >= {'train:zero_grad', 'train:warmup'}   # still drawn, just not listed
+
+def test_compare_chart_gives_each_step_its_colour(learn):
+    "forward (train) and predict (valid) in two colours; each step the same colour in base and new"
+    from fastxtend_prof.compare import plot_comparison
+    ax = plot_comparison(learn, learn).axes[0]
+    color = {p.get_gid(): p.get_facecolor() for p in ax.patches if p.get_gid()}
+    assert color['train:base:forward'] != color['valid:base:predict']
+    assert all(color[g] == color[g.replace(':base:', ':new:')] for g in color if ':base:' in g)
+    legend = {x.get_text(): h.get_facecolor() for x, h in zip(ax.get_legend().get_texts(), ax.get_legend().legend_handles)}
+    assert legend['forward'] != legend['predict']
+
+@pytest.mark.parametrize('n', [1, 2, 8])
+def test_tune_chart_legend_is_inside_the_figure(n):
+    "The speed_find chart's legend lies wholly inside the figure, for short figures too (it used to fall off the bottom)"
+    import pandas as pd
+    from fastxtend_prof.tune import SpeedResult
+    sps = 100. + 50*np.arange(n)
+    trials = pd.DataFrame({'Change': ['start'] + [f'num_workers={i}' for i in range(1, n)], 'Samples/s': sps, 'Samples/s Low': sps - 10,
+                           'Samples/s High': sps + 10, 'Accepted': [True]*n, 'Predicted': 64/(sps*0.9)})
+    fig = SpeedResult(trials, [], 'verdict', start={'bs': 64}).plot()
+    fig.draw_without_rendering()  # one layout, as saving the figure makes (later layouts pulled the old legend back in)
+    leg = fig.axes[0].get_legend()
+    e, f = leg.get_window_extent(), fig.bbox
+    assert [x.get_text() for x in leg.get_texts()] == ['predicted']
+    assert f.x0 <= e.x0 and e.x1 <= f.x1 and f.y0 <= e.y0 and e.y1 <= f.y1, (e, f)
