@@ -19,7 +19,7 @@ from .recorder import (
     APART, DRAW_STEPS, LOOP_STEPS, EventRecorder, Phase, Step, StepSummary, TimingRecorder, check_number,
     device_view, fold, phase_intervals, TRAIN_PARTS)
 from .report import read_json_doc, results_of_doc, run_metadata, format_duration, text_table, text_width
-from .advice import Advice
+from .advice import Advice, fill_text
 from .features import FEATURES, Feature, Later, register_feature
 from .gains import independent_ratio
 from .defaults import ALPHA, MIN_CHANGE, MIN_SHARE  # shared with the command line's parser, which must not import this module
@@ -306,7 +306,7 @@ def format_comparison(cmp:pd.DataFrame) -> pd.DataFrame:
 def comparison_text(cmp:pd.DataFrame, width:int|None=None) -> str:
     "The verdict, any warnings, and the table of `cmp` (`compare_profiles`) in `width` columns"
     width = width or text_width()
-    fill = lambda s, indent='': textwrap.fill(s, width, subsequent_indent=indent or '    ')
+    fill = lambda s, indent='': fill_text(s, width, subsequent_indent=indent or '    ')
     lines = [fill('Compared with the baseline: ' + cmp.attrs.get('verdict', comparison_verdict(cmp)))]
     lines += [fill(f'warning: {w}') for w in cmp.attrs.get('warnings', [])]
     lines.append(text_table(format_comparison(cmp), ['Phase', 'Step', 'Base', 'New', 'Change', 'CI', 'p', 'Result', 'Samples/s'], {}))

@@ -28,6 +28,7 @@ from .rules import REMEDIES, torch_optimizer, _loader_settings
 from .events import train_device
 from .plots import new_axes, save_figure
 from .gains import amdahl, block_means, interval
+from .advice import fill_text
 
 # %% ../nbs/17_tune.ipynb #89a7b6fd
 TARGET_SHARE = 0.1  # a step at least this share of the train iteration is worth a trial
@@ -398,7 +399,7 @@ class SpeedResult:
                            'p': t['p-value'].map(lambda v: '' if v != v else f'{v:.2g}'),
                            'Kept': ['' if i == 0 else 'yes' if a else 'no' for i, a in zip(t.Trial, t.Accepted)], 'Note': t.Note})
         width = width or text_width()
-        fill = lambda s: textwrap.fill(s, width, subsequent_indent='    ')
+        fill = lambda s: fill_text(s, width)
         lines = [fill('speed_find: ' + self.verdict), text_table(df, list(df.columns), {})]
         lines += [fill(f'not tried: {n}') for n in self.notes]
         lines.append(fill(f'Medians of the train iteration per batch (warmup left out); samples/s with the {CONFIDENCE:.0%} interval of the mean; '
