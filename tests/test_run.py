@@ -3,7 +3,7 @@
 The scripts here are written to a temporary folder and run through `python -m fastxtend_prof.autorun` (what
 `fastxtend-prof run` calls), through `torchrun` with the environment variable, and under IPython with `%load_ext`.
 Each test says what it catches when the code it guards is broken."""
-import os, re, subprocess, sys, textwrap
+import os, re, socket, subprocess, sys, textwrap
 from pathlib import Path
 import pytest
 
@@ -191,3 +191,98 @@ def test_users_own_profile_kept(tmp_path):
             other.fit(1)
     finally: autorun.uninstall()
     assert sorted(p.name for p in tmp_path.iterdir() if p.is_file()) == ['fit1.csv', 'fit1.json', 'fit1.png', 'mine.csv']
+
+# ----------------------------------------------------------------------------------- launchers: the environment variable
+DDP = '''
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+    from fastcore.basics import noop
+    from fastai.data.core import DataLoaders
+    from fastai.data.load import DataLoader
+    from fastai.learner import Learner
+    from fastai.losses import MSELossFlat
+    from fastai.test_utils import RegModel
+
+    class Items(torch.utils.data.Dataset):
+        def __init__(self, n, seed):
+            g = torch.Generator().manual_seed(seed)
+            self.x = torch.randn(n, 1, generator=g)
+            self.y = 2*self.x + 1
+        def __len__(self): return len(self.x)
+        def __getitem__(self, i): return self.x[i], self.y[i]
+
+    torch.set_num_threads(1)
+    dist.init_process_group('gloo')  # torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+    rank = dist.get_rank()
+    dls = DataLoaders(DataLoader(Items(8*16, rank), bs=16, shuffle=True, num_workers=0), DataLoader(Items(2*16, 9), bs=16, num_workers=0),
+                      device='cpu')
+    learn = Learner(dls, RegModel(), loss_func=MSELossFlat(), lr=1e-2)
+    learn.model = DistributedDataParallel(learn.model)
+    learn.logger = noop
+    learn.fit(1)
+    print(f'rank {rank} trained', flush=True)
+    dist.destroy_process_group()
+'''
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+def exported_env(out, chain_dir):
+    "The environment `eval \"$(fastxtend-prof run --env --out OUT)\"` gives, with another `sitecustomize` in `chain_dir` after ours"
+    p = run('--env', '--out', out)
+    assert p.returncode == 0, p.stderr
+    lines = p.stdout.splitlines()
+    assert lines[0].startswith(f'export PYTHONPATH={SITE_DIR}') and lines[1] == f"export FASTXTEND_PROF='--out {out}'"
+    e = env(FASTXTEND_PROF=f'--out {out}')
+    e['PYTHONPATH'] = os.pathsep.join([str(SITE_DIR), str(chain_dir), e['PYTHONPATH']])
+    return e
+
+@pytest.fixture
+def chain_dir(tmp_path):
+    "A pre-existing `sitecustomize` (as Debian's and conda's are) that logs each process it runs in, by torchrun rank"
+    d = tmp_path/'their_site'
+    d.mkdir()
+    write(d/'sitecustomize.py', '''
+        import os
+        with open(os.path.join(os.path.dirname(__file__), 'ran.log'), 'a') as f: f.write(os.environ.get('RANK', '-') + chr(10))
+    ''')
+    return d
+
+def test_torchrun_one_merged_report(tmp_path, chain_dir):
+    "torchrun, 2 gloo ranks, DDP, via PYTHONPATH + FASTXTEND_PROF: one merged report (rank 0), one set of files, the other sitecustomize ran in every process"
+    s, out = write(tmp_path/'ddp_train.py', DDP), tmp_path/'prof_runs'
+    p = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', str(free_port()), s], capture_output=True, text=True,
+                       timeout=TIMEOUT, cwd=tmp_path, env=exported_env(out, chain_dir))
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert 'rank 0 trained' in p.stdout and 'rank 1 trained' in p.stdout
+    assert p.stdout.count(REPORT) == 1 and f'{REPORT} (2 ranks)' in p.stdout and 'Slowest Rank' in p.stdout
+    assert p.stdout.count('Saved: ') == 1
+    assert sorted(f.name for f in out.iterdir()) == ['fit1.csv', 'fit1.json', 'fit1.png', 'fit1_ranks.csv']
+    ranks = (chain_dir/'ran.log').read_text().split()
+    assert {'0', '1'} <= set(ranks) and '-' in ranks  # the launcher and both workers
+
+def test_env_route_is_light_and_chains(tmp_path, chain_dir):
+    "With the env set, Python starts with the hook waiting (no fastai, no torch imported) and the other sitecustomize run; a bad value: exit 2"
+    e = exported_env(tmp_path/'prof_runs', chain_dir)
+    code = ("import sys; print('torch' in sys.modules, 'fastai' in sys.modules, sys.modules['fastxtend_prof.autorun'].installed().out, "
+            "sys.modules['sitecustomize'].__file__)")
+    p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=TIMEOUT, env=e)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split() == ['False', 'False', str(tmp_path/'prof_runs'), str(chain_dir/'sitecustomize.py')]
+    assert (chain_dir/'ran.log').read_text() == '-\n'
+    p = subprocess.run([sys.executable, '-c', 'print("ran")'], capture_output=True, text=True, timeout=TIMEOUT, env={**e, 'FASTXTEND_PROF': '--outt x'})
+    assert (p.returncode, p.stdout) == (2, '')
+    assert p.stderr.startswith('fastxtend-prof: FASTXTEND_PROF: error: ') and len(p.stderr.splitlines()) == 1
+    e.pop('FASTXTEND_PROF')  # the folder alone on PYTHONPATH changes nothing
+    p = subprocess.run([sys.executable, '-c', "import sys; print('fastxtend_prof' in sys.modules)"], capture_output=True, text=True, timeout=TIMEOUT, env=e)
+    assert (p.returncode, p.stdout) == (0, 'False\n')
+
+def test_package_holds_the_site_folder():
+    "The wheel's packages (pyproject's find include) hold `_autorun_site`, or the env route would break once installed"
+    import tomllib, setuptools
+    include = tomllib.loads((ROOT/'pyproject.toml').read_text())['tool']['setuptools']['packages']['find']['include']
+    assert 'fastxtend_prof._autorun_site' in setuptools.find_packages(str(ROOT), include=include)
+    assert (SITE_DIR/'sitecustomize.py').is_file()
