@@ -286,3 +286,33 @@ def test_package_holds_the_site_folder():
     include = tomllib.loads((ROOT/'pyproject.toml').read_text())['tool']['setuptools']['packages']['find']['include']
     assert 'fastxtend_prof._autorun_site' in setuptools.find_packages(str(ROOT), include=include)
     assert (SITE_DIR/'sitecustomize.py').is_file()
+
+# ---------------------------------------------------------------------------------------------- %load_ext fastxtend_prof
+IPYTHON = '''
+    import sys
+    from IPython.core.interactiveshell import InteractiveShell
+    ip = InteractiveShell.instance()
+    ip.run_line_magic('load_ext', 'fastxtend_prof')
+    assert 'torch' not in sys.modules  # loading the extension imports no torch: the hook waits for fastai
+    ok = ip.run_cell('from fastai.test_utils import synth_learner\\nlearn = synth_learner()\\nwith learn.no_logging(): learn.fit(1)')
+    assert ok.success
+    print('--- unloaded', flush=True)
+    ip.run_line_magic('unload_ext', 'fastxtend_prof')
+    assert ip.run_cell('with learn.no_logging(): learn.fit(1)').success
+    print('--- loaded again', flush=True)
+    ip.run_line_magic('load_ext', 'fastxtend_prof')
+    assert ip.run_cell('with learn.no_logging(): learn.fit(1)').success
+'''
+
+def test_load_ext_profiles_every_fit_until_unloaded(tmp_path):
+    "%load_ext fastxtend_prof: a report for a fit; after %unload_ext none; loaded again, a report again"
+    p = subprocess.run([sys.executable, '-c', textwrap.dedent(IPYTHON)], capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path, env=env())
+    assert p.returncode == 0, p.stderr
+    loaded, unloaded, again = re.split('--- unloaded\n|--- loaded again\n', p.stdout)
+    assert (loaded.count(REPORT), unloaded.count(REPORT), again.count(REPORT)) == (1, 0, 1), p.stdout
+
+def test_import_stays_light():
+    "`import fastxtend_prof` (what %load_ext does first) and its autorun module import no torch, no fastai"
+    code = "import sys, fastxtend_prof, fastxtend_prof.autorun; print(sorted(m for m in ('torch', 'fastai', 'pandas') if m in sys.modules))"
+    p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=TIMEOUT, env=env())
+    assert (p.returncode, p.stdout) == (0, '[]\n'), p.stderr
