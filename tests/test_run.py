@@ -148,7 +148,10 @@ def test_module_form(tmp_path):
         learn = synth_learner()
         with learn.no_logging(): learn.fit(1)
     ''')
-    p = run('-m', 'mytrain', '--lr', '0.1', cwd=tmp_path)
+    # as the console script `fastxtend-prof` runs it: from a file in another folder (bin/), which Python puts in sys.path[0]
+    (tmp_path/'bin').mkdir()
+    entry = write(tmp_path/'bin'/'fastxtend-prof', 'import sys\nfrom fastxtend_prof.autorun import main\nsys.exit(main())\n')
+    p = subprocess.run([sys.executable, entry, '-m', 'mytrain', '--lr', '0.1'], capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path, env=env())
     assert p.returncode == 0, p.stderr
     assert "argv ['--lr', '0.1'] True __main__" in p.stdout
     assert p.stdout.count(REPORT) == 1
