@@ -10,6 +10,10 @@ source "$(dirname "$0")/_venv.sh"
 cd "$ROOT"
 echo "== environment ready after ${SECONDS} s"
 export MPLBACKEND=Agg PYTHONWARNINGS="${PYTHONWARNINGS:-ignore::DeprecationWarning}"
+# One torch thread per process. The tests' models are tiny, and with every core busy (CI runs under load) torch's
+# worker threads wait for each other at every op: on two busy cores a vision test and the CLI's tune demo ran 1.7x
+# slower with two threads than with one, and the demo's compute swelled to 560 ms a batch. Set OMP_NUM_THREADS to change.
+export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"
 
 if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
   echo "== nbdev-export: the notebooks and fastxtend_prof/ must agree"

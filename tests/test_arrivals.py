@@ -85,9 +85,12 @@ def _worker(rank, world, port, out, cases):
         from fastai.callback.core import Callback
         class Turns(Callback):
             """The straggler changes halfway through the epoch: `TURNS[world]` are slow in forward, one after the other (each costs
-            the run half its delay per batch on average: twice `DELAY`, so that each clears the bar on a crowded machine too)"""
+            the run half its delay per batch on average). A sleep, not a spin: in CI, with every core busy, a spinning straggler
+            took the core the other ranks needed, so they were late too. And four times `DELAY`: the bar is a quarter of the
+            others' iteration, which load stretches (45 ms on two busy cores), while a 20 ms sleep half the time made a rank late
+            by 8.7 ms a batch on average, under it; 40 ms makes it about 20 ms"""
             def before_batch(self):
-                if self.training and rank == TURNS[world][self.iter >= a.batches//2]: bench.busy(2*DELAY)
+                if self.training and rank == TURNS[world][self.iter >= a.batches//2]: time.sleep(4*DELAY)
         learn = bench.learner(rank, 'none', a)
         learn.add_cb(Turns())
         rec['turns'] = _fit(learn)

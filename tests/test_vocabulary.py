@@ -17,7 +17,9 @@ ATTR_FUNCS = {'getattr', 'hasattr', 'setattr', 'delattr'}
 
 # (module, enclosing function or class, value): why that literal is not a step or phase name
 ALLOWED = {
-    ('cli.py', 'demo', 'trace'): "the `trace` option of `learn.profile`, a dict key of its keyword arguments",
+    ('autorun.py', '_wrap_learner', 'fit'): "the name of the method `Learner.fit` that `fastxtend-prof run` wraps",
+    ('autorun.py', 'uninstall', 'fit'): "the name of the method `Learner.fit` that `fastxtend-prof run` puts back",
+    ('digits.py', 'demo', 'trace'): "the `trace` option of `learn.profile`, a dict key of its keyword arguments",
     ('cli.py', '_outputs', 'trace'): "the `--trace` option's argparse name (`a.trace`)",
     ('compare.py', '', 'warmup'): "`run_metadata`'s key for the `warmup` option, and its label in the warning that it differs",
     ('compare.py', 'compare', 'warmup'): "the metadata key for the `warmup` option of this fit, which the `Baseline` feature compares with the saved run's",
