@@ -35,7 +35,5 @@ fi
 echo "== nbdev-test: the docs notebooks (at ${SECONDS} s)"
 "$VENV/bin/nbdev-test" --n-workers 2
 echo "== pytest (at ${SECONDS} s)"
-# Two test processes (PYTEST_WORKERS=N to change; 0 runs them in this process), each test file kept whole in one of them:
-# on a machine whose cores are busy with other work, as in CI, two processes get the suite its share of the cores. The
-# slowest 25 tests are listed at the end.
-"$VENV/bin/python" -m pytest -q -p no:cacheprovider -n "${PYTEST_WORKERS:-2}" --dist loadfile --durations 25 tests "$@"
+# The 25 slowest tests are listed at the end.
+"$VENV/bin/python" -m pytest -q -p no:cacheprovider --durations 25 tests "$@"
