@@ -6,6 +6,19 @@ import contextlib, functools, inspect, itertools, time
 import pytest
 from fastai.callback.core import Callback
 
+# ------------------------------------------------------------------------------------------------------ test order
+# The files that take longest, longest first (seconds of one test process under CI's load, on 2 cores): scripts/test.sh
+# runs the files in several processes, each taking the next file in this order as it frees up, so the long ones start at
+# once instead of holding the run up at its end. Every other file follows, in pytest's own order.
+LONGEST_FIRST = ['test_applications',  # 339 s
+                 'test_install',  # 221 s, in one test
+                 'test_cli', 'test_observe_only', 'test_compare', 'test_run', 'test_faults', 'test_fastai_citizen',  # 224-119 s
+                 'test_tune', 'test_export', 'test_gpu_overhead_bench', 'test_arrivals']  # 108-77 s
+
+def pytest_collection_modifyitems(config, items):
+    rank = {f'{name}.py': i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: a file's tests keep their order
+
 # ------------------------------------------------------------------------------------------------- results tables
 def row(df, phase, step):
     "The one row of profile results `df` for (`phase`, `step`); fails unless there is exactly one"

@@ -69,7 +69,10 @@ def assert_same(a:dict, b:dict):
 # ------------------------------------------------------------------------------------------------ a data-bound run
 def test_data_bound_run_gets_workers_and_proof(capsys):
     "The issue's run: the tuner picks workers, the speed-up is significant and within 30% of the prediction; nothing changed"
-    learn = busy_learner()
+    # Items that sleep their 1.5 ms: loader workers that spin would take the cores the main process's compute needs, and
+    # on a busy machine (CI runs under load, two test processes beside two spinning ones) 2 workers then measured 37%
+    # slower than predicted. Sleeping items load the same whatever else runs; the tuner's logic and prediction are the same.
+    learn = busy_learner(sleep=True)
     with learn.no_bar(): learn.fit(1)  # an optimizer with state, weights that moved
     before = snapshot(learn)
     res = learn.speed_find(max_time=60)
@@ -91,7 +94,7 @@ def test_data_bound_run_gets_workers_and_proof(capsys):
     assert res.seconds < 60 and 'faster with num_workers=' in res.verdict
 
 def skip_if_the_cores_are_taken(learn, res):
-    "Skip (with the numbers) when this machine, measured without the tuner, doesn't show what the prediction says 2 workers give"
+    "Skip (with the numbers) when this machine, measured without the tuner, gets no real speed-up from 2 workers"
     state = LearnerState(learn)
     try:
         with learn.removed_cbs(set_aside(learn)):
@@ -103,7 +106,9 @@ def skip_if_the_cores_are_taken(learn, res):
     finally: state.restore()
     it, wait = medians[0][Step.ITERATION], medians[0][Step.WAIT]
     pred, got = predict_workers(wait, it, 0, 2, cores()), medians[2][Step.ITERATION]
-    if abs(got/pred - 1) > 0.3 or got > 0.85*it:
+    # Only when 2 workers really gave no speed-up: a skip that also asked whether `got` matched the prediction would
+    # excuse a broken prediction as a busy machine
+    if got > 0.85*it:
         pytest.skip(f'the cores are taken by other work: measured without the tuner, 2 workers gave {got*1e3:.1f} ms a batch against '
                     f'{it*1e3:.1f} ms with none (predicted {pred*1e3:.1f} ms), so the tuner cannot be judged here:\n{res.text()}')
 
