@@ -3,7 +3,8 @@
 Runs `--world` gloo ranks on the CPU, each a fastai `Learner` whose model is wrapped in `DistributedDataParallel`,
 `--batches` train batches of `--bs` per rank, every rank's forward sleeping `--work` seconds per batch (a model
 waiting on its device; without it the tiny model's step is mostly the loop's own overhead), and gives rank 1
-`--delay` seconds of extra work per train batch in one place at a time:
+`--delay` seconds of extra work per train batch in one place at a time (spun on the CPU; with `--sleep`, slept: time
+that takes no core from the other ranks, which a loaded machine cannot shorten):
 
 - `none`: no delay (a balanced run);
 - `draw`: the rank's dataset busy-waits while its batch is collated;
@@ -34,6 +35,11 @@ def busy(s:float):
     end = time.perf_counter() + s
     while time.perf_counter() < end: pass
 
+def spend(s:float, sleep:bool=False):
+    "`s` seconds of the delay: spun (`busy`), or with `sleep` slept"
+    if sleep: time.sleep(s)
+    else: busy(s)
+
 class Items(torch.utils.data.Dataset):
     "Synthetic regression items"
     def __init__(self, n, seed):
@@ -44,33 +50,33 @@ class Items(torch.utils.data.Dataset):
     def __getitem__(self, i): return self.x[i], self.y[i]
 
 class SlowForward(torch.nn.Module):
-    "Busy-waits `delay` s, then sleeps `work` s (a model waiting on its device: time without taking a core from the other ranks)"
-    def __init__(self, delay, work=0.): super().__init__(); self.delay, self.work = delay, work
+    "Spends `delay` s (`spend`), then sleeps `work` s (a model waiting on its device: time without taking a core from the other ranks)"
+    def __init__(self, delay, work=0., sleep=False): super().__init__(); self.delay, self.work, self.sleep = delay, work, sleep
     def forward(self, x):
-        busy(self.delay)
+        spend(self.delay, self.sleep)
         if self.work: time.sleep(self.work)
         return x
 
 class SlowGrad(torch.autograd.Function):
-    "The identity forward; its backward busy-waits `delay` s"
+    "The identity forward; its backward spends `delay` s (`spend`)"
     @staticmethod
-    def forward(ctx, x, delay):
-        ctx.delay = delay
+    def forward(ctx, x, delay, sleep=False):
+        ctx.delay, ctx.sleep = delay, sleep
         return x.view_as(x)
     @staticmethod
     def backward(ctx, g):
-        busy(ctx.delay)
-        return g, None
+        spend(ctx.delay, ctx.sleep)
+        return g, None, None
 
 class Model(torch.nn.Module):
     "fastai's `RegModel` (y = a*x + b) with the forward or backward delays in front of it"
-    def __init__(self, fwd=0., bwd=0., work=0.):
+    def __init__(self, fwd=0., bwd=0., work=0., sleep=False):
         super().__init__()
         self.a, self.b = torch.nn.Parameter(torch.randn(1)), torch.nn.Parameter(torch.randn(1))
-        self.slow, self.bwd = SlowForward(fwd, work), bwd
+        self.slow, self.bwd, self.sleep = SlowForward(fwd, work, sleep), bwd, sleep
     def forward(self, x):
         y = self.slow(x)*self.a + self.b
-        return SlowGrad.apply(y, self.bwd) if self.bwd else y
+        return SlowGrad.apply(y, self.bwd, self.sleep) if self.bwd else y
 
 def learner(rank, case, a):
     from fastai.data.core import DataLoaders
@@ -80,21 +86,21 @@ def learner(rank, case, a):
     from fastai.callback.core import Callback
     from fastai.callback.progress import ProgressCallback
     from fastcore.basics import noop
-    delay = a.delay if rank == SLOW else 0.
+    delay, sleep = (a.delay if rank == SLOW else 0.), getattr(a, 'sleep', False)
     def collate(b):
-        if case == 'draw': busy(delay)
+        if case == 'draw': spend(delay, sleep)
         return fa_collate(b)
     trn, val = Items(a.batches*a.bs, seed=rank), Items(2*a.bs, seed=99)
     dls = DataLoaders(DataLoader(trn, bs=a.bs, shuffle=True, num_workers=0, create_batch=collate),
                       DataLoader(val, bs=a.bs, num_workers=0), device='cpu')
     torch.manual_seed(0)
-    model = Model(fwd=delay if case == 'forward' else 0., bwd=delay if case == 'backward' else 0., work=getattr(a, 'work', 0.))
+    model = Model(fwd=delay if case == 'forward' else 0., bwd=delay if case == 'backward' else 0., work=getattr(a, 'work', 0.), sleep=sleep)
     learn = Learner(dls, model, loss_func=MSELossFlat(), lr=1e-2)
     learn.remove_cbs([cb for cb in learn.cbs if isinstance(cb, ProgressCallback)])
     learn.logger = noop
     if case == 'opt_step':
         class SlowStep(Callback):
-            def before_step(self): busy(delay)
+            def before_step(self): spend(delay, sleep)
         learn.add_cb(SlowStep())
     from torch.nn.parallel import DistributedDataParallel
     learn.model = DistributedDataParallel(learn.model)
@@ -142,9 +148,11 @@ def main():
     p.add_argument('--bs', type=int, default=8)
     p.add_argument('--delay', type=float, default=0.01, help='seconds of extra work per train batch on rank 1')
     p.add_argument('--work', type=float, default=0.005, help='seconds every rank\'s forward sleeps per batch (a model waiting on its device)')
+    p.add_argument('--sleep', action='store_true', help='the delays sleep instead of spinning (as tests/test_arrivals.py runs them)')
     p.add_argument('--cases', nargs='+', choices=CASES, default=list(CASES))
     a = p.parse_args()
-    print(f'{a.world} gloo ranks, {a.batches} train batches of {a.bs} per rank; rank {SLOW} gets {a.delay*1e3:g} ms per batch in the step named')
+    print(f'{a.world} gloo ranks, {a.batches} train batches of {a.bs} per rank; rank {SLOW} gets {a.delay*1e3:g} ms per batch in the step named'
+          f"{', slept' if a.sleep else ', spun'}")
     for case in a.cases:
         recs = run(case, a)
         print(f'\n== {case}')

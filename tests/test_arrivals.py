@@ -1,5 +1,5 @@
 """Finding the straggler that DDP hides, by when each rank arrives: gloo ranks on the CPU, each a fastai `Learner` whose
-model is wrapped in `DistributedDataParallel`, rank 1 given 10 ms of extra work per train batch in one step at a time
+model is wrapped in `DistributedDataParallel`, rank 1 given 30 ms of extra time (slept) per train batch in one step at a time
 (the Learners of `benchmarks/ddp_straggler.py`). Each world size runs once per module: every case is one fit of the
 same process group.
 
@@ -19,7 +19,10 @@ sys.path.insert(0, str(Path(__file__).parents[1]/'benchmarks'))
 import ddp_straggler as bench  # noqa: E402  (its Learners: the delays in draw, forward, backward compute, opt_step)
 
 SLOW = bench.SLOW
-DELAY = 0.01  # s of extra work per train batch on rank 1
+DELAY = 0.03  # s of extra time per train batch on rank 1, slept (`--sleep`): a spun delay took the cores the other ranks
+# needed under CI's load, and the rule's bar, a quarter of the others' iteration, grows with the load (3 ranks beside 2
+# spinning processes and 2 other test processes: a 10 ms spin came out 5.5 ms late against a 36 ms iteration, not named)
+TURN = 0.04  # s the changing straggler sleeps in half its batches
 WORK = 0.005  # s every rank's forward sleeps per batch: without it the tiny model's iteration is mostly the loop's own overhead
 CASES = ('none', 'draw', 'forward', 'backward', 'opt_step')
 EVENTS = ('backward', 'opt_step')  # also timed the `sync='events'` way
@@ -77,7 +80,7 @@ def _worker(rank, world, port, out, cases):
         clock = lambda: time.perf_counter() + off
         simpleprofiler.make_recorder = functools.partial(make_recorder, clock=clock)
         dist.init_process_group('gloo', rank=rank, world_size=world, timeout=timedelta(seconds=60))
-        a = argparse.Namespace(batches=20, bs=8, delay=DELAY, work=WORK)
+        a = argparse.Namespace(batches=20, bs=8, delay=DELAY, work=WORK, sleep=True)
         for case in cases: rec[case] = _fit(bench.learner(rank, case, a))
         with recorder_with(clock, mode='events'):  # sync='events': the timelines are the device timer's (events that read the clock)
             for case in EVENTS: rec[f'events {case}'] = _fit(bench.learner(rank, case, a))
@@ -86,11 +89,11 @@ def _worker(rank, world, port, out, cases):
         class Turns(Callback):
             """The straggler changes halfway through the epoch: `TURNS[world]` are slow in forward, one after the other (each costs
             the run half its delay per batch on average). A sleep, not a spin: in CI, with every core busy, a spinning straggler
-            took the core the other ranks needed, so they were late too. And four times `DELAY`: the bar is a quarter of the
+            took the core the other ranks needed, so they were late too. And 40 ms (`TURN`): the bar is a quarter of the
             others' iteration, which load stretches (45 ms on two busy cores), while a 20 ms sleep half the time made a rank late
             by 8.7 ms a batch on average, under it; 40 ms makes it about 20 ms"""
             def before_batch(self):
-                if self.training and rank == TURNS[world][self.iter >= a.batches//2]: time.sleep(4*DELAY)
+                if self.training and rank == TURNS[world][self.iter >= a.batches//2]: time.sleep(TURN)
         learn = bench.learner(rank, 'none', a)
         learn.add_cb(Turns())
         rec['turns'] = _fit(learn)
@@ -143,7 +146,7 @@ def runs(request, tmp_path_factory):
 
 @pytest.mark.parametrize('case', CASES[1:])
 def test_the_slow_rank_and_step_are_named(runs, case):
-    "10 ms in rank 1's draw, forward, backward compute or optimizer step: rank 0's advice names rank 1 and that step, no other rank"
+    "30 ms in rank 1's draw, forward, backward compute or optimizer step: rank 0's advice names rank 1 and that step, no other rank"
     world, recs = runs
     got = [(r, s) for rule, r, s in recs[0][case]['advice'] if rule == 'straggler_rank']
     assert got == [(SLOW, case)], f'{case}: {got}\n{_show(recs[0][case]["table"])}'
