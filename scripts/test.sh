@@ -42,7 +42,7 @@ echo "== pytest (at ${SECONDS} s)"
 # larger share of the cores: under CI_LOAD=2 on 2 cores pytest took 1,080-1,220 s in 2 processes; with one, CI as a whole
 # took over 31 minutes (3 processes measured 912 s once, but the suite has not been proven under load with 3). The 25
 # slowest tests are listed at the end.
-cores="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)"
+cores="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)"  # no nproc on macOS
 workers="${PYTEST_WORKERS:-$(( cores < 2 ? 2 : cores > 6 ? 6 : cores ))}"
 if [ "$workers" -gt 0 ]; then par=(-n "$workers" --dist loadfile --no-loadscope-reorder); else par=(); fi
 "$VENV/bin/python" -m pytest -q -p no:cacheprovider "${par[@]}" --durations 25 tests "$@"
