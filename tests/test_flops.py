@@ -217,20 +217,22 @@ def test_what_if_predicts_a_run_without_the_draw_delay():
     def iteration(draw_delay):
         learn = fit(tensor_learner(Sleepy(3e-3), n=16*60, bs=16, create_batch=sleepy_batches(draw_delay)))
         return learn
-    slowed, quick = iteration(6e-3), iteration(0.)
+    mean = lambda l, s='iteration': row(l.simple_profile_results, 'train', s)['Mean Duration']
+    for attempt in range(3):  # a busy spell that slows one run's CPU part: run both again before giving up on judging
+        slowed, quick = iteration(6e-3), iteration(0.)
+        # the two runs are judged only if what the change did not touch (all but the draw) took the same time in both: on a
+        # busy machine other work can slow one run's CPU part by a millisecond a batch, and the comparison then measures the machine
+        rest = [mean(l) - mean(l, 'draw') for l in (slowed, quick)]
+        if abs(rest[1]/rest[0] - 1) < 0.1: break
+    else:
+        pytest.skip(f'the machine is busy: the steps the change left alone took {rest[0]*1e3:.2f} ms a batch in one run and {rest[1]*1e3:.2f} ms in the other')
     top = what_if(slowed.profile_result.recorder)
     assert top.Step.iloc[0] in ('draw', 'wait')  # the draw's delay is the largest step to lose
-    mean = lambda l, s='iteration': row(l.simple_profile_results, 'train', s)['Mean Duration']
     # the delay as the draw really held it: `sleep(0.006)` overshoots (6.15 ms here), and by more when other work holds the
     # cores and the woken process waits for one; the prediction is asked for the draw shortened by that much
     delay = mean(slowed, 'draw') - mean(quick, 'draw')
     gains = what_if(slowed.profile_result.recorder, cuts={'draw': delay})
     pred = gains[gains.Change.str.endswith(' less')].iloc[0]
-    # the two runs are judged only if what the change did not touch (all but the draw) took the same time in both: on a
-    # busy machine other work can slow one run's CPU part by a millisecond a batch, and the comparison then measures the machine
-    rest = [mean(l) - mean(l, 'draw') for l in (slowed, quick)]
-    if abs(rest[1]/rest[0] - 1) >= 0.1:
-        pytest.skip(f'the machine is busy: the steps the change left alone took {rest[0]*1e3:.2f} ms a batch in one run and {rest[1]*1e3:.2f} ms in the other')
     measured = mean(slowed)/mean(quick)
     assert abs(measured/pred.Speedup - 1) < 0.1, f"predicted {pred.Speedup:.3f}× ({pred['Speedup Low']:.3f}–{pred['Speedup High']:.3f}), measured {measured:.3f}×"
 
