@@ -36,13 +36,15 @@ echo "== nbdev-test: the docs notebooks (at ${SECONDS} s)"
 "$VENV/bin/nbdev-test" --n-workers 2
 echo "== pytest (at ${SECONDS} s)"
 # Several test processes (pytest-xdist), each test file whole in one of them, the longest files first (tests/conftest.py
-# orders them; --no-loadscope-reorder keeps that order): one per core, at least 2 and at most 6 (PYTEST_WORKERS=N to
-# change; 0 runs the tests in this one process). On a machine busy with other work, as CI's is, the processes get the
-# suite its share of the cores: under CI's load (a spinning process on each of 2 cores) pytest took 1,080-1,220 s in 2
-# processes and 1,057 s in 3 (no gain: each test ran slower), and with one process CI as a whole took over 31 minutes.
-# The cores are counted before OMP_NUM_THREADS=1 above, which `nproc` would otherwise obey and count as one. The reasons
-# of skipped tests and the 25 slowest tests are listed at the end.
+# orders them; --no-loadscope-reorder keeps that order): one more than the cores, at least 3 and at most 6
+# (PYTEST_WORKERS=N to change; 0 runs the tests in this one process). On a machine busy with other work, as CI's is, the
+# cores are shared among the running processes, so more test processes get the suite a larger share: under CI's load (a
+# spinning process on each of 2 cores) pytest took 1,080-1,290 s in 2 processes (half the cores) and 1,057 s in 3, and in
+# one process CI as a whole took over 31 minutes. Many tests also wait (sleeping workloads, subprocesses starting python),
+# which a process more than the cores fills on a quiet machine. The cores are counted before OMP_NUM_THREADS=1 above,
+# which `nproc` would otherwise obey and count as one. The reasons of skipped tests and the 25 slowest tests are listed
+# at the end.
 cores="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)"  # no nproc on macOS
-workers="${PYTEST_WORKERS:-$(( cores < 2 ? 2 : cores > 6 ? 6 : cores ))}"
+workers="${PYTEST_WORKERS:-$(( cores < 2 ? 3 : cores > 5 ? 6 : cores + 1 ))}"
 if [ "$workers" -gt 0 ]; then par=(-n "$workers" --dist loadfile --no-loadscope-reorder); else par=(); fi
 "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider "${par[@]}" --durations 25 tests "$@"
