@@ -19,10 +19,12 @@ sys.path.insert(0, str(Path(__file__).parents[1]/'benchmarks'))
 import ddp_straggler as bench  # noqa: E402  (its Learners: the delays in draw, forward, backward compute, opt_step)
 
 SLOW = bench.SLOW
-DELAY = 0.03  # s of extra time per train batch on rank 1, slept (`--sleep`): a spun delay took the cores the other ranks
-# needed under CI's load, and the rule's bar, a quarter of the others' iteration, grows with the load (3 ranks beside 2
-# spinning processes and 2 other test processes: a 10 ms spin came out 5.5 ms late against a 36 ms iteration, not named)
-TURN = 0.08  # s the changing straggler sleeps in half its batches
+DELAY = 0.08  # s of extra time per train batch on rank 1, slept (`--sleep`): a spun delay took the cores the other ranks
+# needed under CI's load, and the rule's bar, a quarter of the others' iteration, grows with the load while the delay does
+# not (3 ranks beside 2 spinning processes and 2 other test processes: a 10 ms spin came out 5.5 ms late against a 36 ms
+# iteration, not named; in a loaded CI run with more work beside it, a 30 ms sleep came out 20.6 ms late against a 123 ms
+# iteration, under its bar of 31 ms)
+TURN = 0.2  # s the changing straggler sleeps in half its batches
 WORK = 0.005  # s every rank's forward sleeps per batch: without it the tiny model's iteration is mostly the loop's own overhead
 CASES = ('none', 'draw', 'forward', 'backward', 'opt_step')
 EVENTS = ('backward', 'opt_step')  # also timed the `sync='events'` way
@@ -89,10 +91,10 @@ def _worker(rank, world, port, out, cases):
         class Turns(Callback):
             """The straggler changes halfway through the epoch: `TURNS[world]` are slow in forward, one after the other (each costs
             the run half its delay per batch on average). A sleep, not a spin: in CI, with every core busy, a spinning straggler
-            took the core the other ranks needed, so they were late too. And 80 ms (`TURN`): the bar is a quarter of the
-            others' iteration, which load stretches (45 ms on two busy cores, 80 ms beside four spinning processes), while a
-            20 ms sleep half the time made a rank late by 8.7 ms a batch on average, under it, and 40 ms by 15.4 ms, under a
-            loaded 80 ms iteration's bar"""
+            took the core the other ranks needed, so they were late too. And 200 ms (`TURN`): the bar is a quarter of the
+            others' iteration, which load stretches (45 ms on two busy cores, 80 ms beside four spinning processes, 144 ms
+            in a loaded CI run with more work beside it), while the rank is late by only about half its sleep on average: a
+            20 ms sleep made it 8.7 ms late, 40 ms 15.4 ms, and 80 ms 35.9 ms against a bar of 36 ms"""
             def before_batch(self):
                 if self.training and rank == TURNS[world][self.iter >= a.batches//2]: time.sleep(TURN)
         learn = bench.learner(rank, 'none', a)

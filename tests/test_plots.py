@@ -121,9 +121,10 @@ def test_after_batch_work_is_between_steps_or_other(order, where):
         seg = {a.get_gid(): a.get_data().values - a.get_data().baseline for a in ax.patches if isinstance(a, StepPatch)}
         assert (seg[where][steady] >= 0.005).all(), (phase, where, seg[where])   # a sleep takes at least its time
         other = 'other' if where == BETWEEN else BETWEEN
-        # ... and the other segment holds none of it: a typical batch's is under half the nap's (a share, not a bound in ms,
-        # which a loaded machine's stalls could pass; a median, as a busy machine stalls the odd batch)
-        assert np.median(seg[other][steady]) < 0.5*np.median(seg[where][steady]), (phase, other, seg[other])
+        # ... and the other segment holds none of it. Were the nap charged to it, every batch's would hold at least the nap;
+        # a busy machine can stall a batch, not every one (the median of the 2 steady valid batches once came out 13 ms, one
+        # batch stalled 25 ms): so the least of them is under half the nap
+        assert np.min(seg[other][steady]) < 0.5*0.005, (phase, other, seg[other])
     note = next(x.get_text() for x in ax.texts if x.get_gid() == 'note')
     assert note.startswith(f"{BETWEEN}: a batch's time outside its steps") and "after_batch" in note
 
