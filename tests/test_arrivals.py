@@ -25,7 +25,9 @@ DELAY = 0.08  # s of extra time per train batch on rank 1, slept (`--sleep`): a 
 # iteration, not named; in a loaded CI run with more work beside it, a 30 ms sleep came out 20.6 ms late against a 123 ms
 # iteration, under its bar of 31 ms)
 TURN = 0.2  # s the changing straggler sleeps in half its batches
-WORK = 0.005  # s every rank's forward sleeps per batch: without it the tiny model's iteration is mostly the loop's own overhead
+WORK = 0.03  # s every rank's forward sleeps per batch: without it the tiny model's iteration is mostly the loop's own
+# overhead, which load stretches unevenly: with 5 ms, in a loaded CI run, the balanced run's rank 0 came in last in every
+# batch, 8.6 ms late against a 37 ms iteration, over the rule's bar (a quarter of the rest: 7.1 ms), and was named
 CASES = ('none', 'draw', 'forward', 'backward', 'opt_step')
 EVENTS = ('backward', 'opt_step')  # also timed the `sync='events'` way
 OFFSETS = (0., 0.25, -1.5)  # s: each rank's fake clock offset
