@@ -72,8 +72,9 @@ def run(build, train, profile:bool, **profile_kw):
 def assert_unchanged(build, train, **profile_kw):
     """An unprofiled and a profiled run of `train` from the same seed end bit-identical; the profiled Learner. The profiled run
     counts FLOPs too (`flops=True`, not a default): the counter copies the model and runs it on fake tensors mid-batch, the part
-    of a profile most able to touch a run; what the defaults do is a part of it"""
-    profile_kw = {'flops': True, **profile_kw}
+    of a profile most able to touch a run; and it times the loader's stages (`stages=True`), which wraps the loader's methods
+    and runs in its workers; what the defaults do is a part of it"""
+    profile_kw = {'flops': True, 'stages': True, **profile_kw}
     plain = state(run(build, train, False))
     learn = run(build, train, True, **profile_kw)
     diff = differences(plain, state(learn))

@@ -98,7 +98,7 @@ def test_speed_find_trials_run_without_any_feature(counted):
 
 # --------------------------------------------------------------------------------------------- the composition root
 BUILT_IN = {'memory': ('Memory', 'MemoryTap'), 'flops': ('Flops', 'FlopCounter', 'FlopProfile'), 'trace': ('Trace', 'TraceObserver', 'TraceWindow'),
-            'arrivals': ('Arrivals', 'ArrivalWatch'), 'live': ('Live', 'LiveColumns')}
+            'arrivals': ('Arrivals', 'ArrivalWatch'), 'stages': ('Stages', 'StageWatch'), 'live': ('Live', 'LiveColumns')}
 
 def names_in(path) -> list:
     "The identifiers of a module's code (not its strings or comments)"
