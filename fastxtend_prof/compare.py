@@ -5,9 +5,9 @@
 # %% auto #0
 __all__ = ['COMPARED', 'MIN_CALLS', 'CONFIDENCE', 'HEADLINE', 'COMPARE_COLS', 'VERDICT_STEPS', 'BASELINE_RATIO', 'BASELINE_HINTS',
            'step_distributions', 'encode_distributions', 'decode_distributions', 'SavedProfile', 'load_profile',
-           'profile_of', 'as_profile', 'change_stats', 'comparability', 'compared_columns', 'compare_profiles',
-           'comparison_verdict', 'slower_than', 'baseline_advice', 'baseline', 'Baseline', 'format_comparison',
-           'comparison_text', 'show_comparison', 'plot_comparison']
+           'profile_of', 'as_profile', 'change_stats', 'stage_changes', 'stage_changes_text', 'comparability',
+           'compared_columns', 'compare_profiles', 'comparison_verdict', 'slower_than', 'baseline_advice', 'baseline',
+           'Baseline', 'format_comparison', 'comparison_text', 'show_comparison', 'plot_comparison']
 
 # %% ../nbs/08_compare.ipynb #65a33dda
 import base64, math, textwrap
@@ -125,6 +125,41 @@ def change_stats(base, new, confidence:float=0.95) -> dict:
         p, test = float(2*sps.t.sf(abs(t), df)), 'Welch t'
     return {**out, 'CI Low %': lo, 'CI High %': hi, 'p-value': p, 'Test': test}
 
+# %% ../nbs/08_compare.ipynb #02a79ae2
+def _stage_view(meta:dict) -> pd.DataFrame:
+    "A run's loader stages (`metadata['stages']`) where the run made them: the workers merged (or the one worker, or the main process), `after_batch` and each pass's first batch in the main process"
+    st = (meta or {}).get('stages') or {}
+    df = pd.DataFrame(st.get('rows') or [])
+    if df.empty: return df
+    parts = []
+    for phase, d in df.groupby('Phase', sort=False):
+        workers = sorted(w for w in (st.get('batches') or {}).get(phase, {}) if w.startswith('worker'))
+        made = 'workers' if len(workers) > 1 else workers[0] if workers else 'main'
+        parts.append(d[(d.Where == made) | ((d.Where == 'main') & (d.Per != 'item'))])
+    return pd.concat(parts)
+
+def stage_changes(base:SavedProfile, new:SavedProfile) -> pd.DataFrame|None:
+    "The loader stages of two runs (`stages=True`), each where its run made it: the medians and their change in percent; None unless both timed them"
+    b, n = _stage_view(base.metadata), _stage_view(new.metadata)
+    if b.empty or n.empty: return None
+    keys, cols = ['Phase', 'Stage', 'Per'], {'Where': 'Where', 'Median Duration': 'Median', 'Number of Calls': 'Calls'}
+    side = lambda df, w: df[[*keys, *cols]].rename(columns={c: f'{w} {v}' for c, v in cols.items()}).set_index(keys)
+    B, N = side(b, 'Base'), side(n, 'New')
+    idx = B.index.append(N.index.difference(B.index, sort=False))  # the base's order, then what only the new run has
+    out = B.reindex(idx).join(N.reindex(idx)).reset_index()
+    out['Change %'] = 100*(out['New Median']/out['Base Median'] - 1)
+    return out
+
+def stage_changes_text(st:pd.DataFrame, width:int|None=None) -> str:
+    "`stage_changes` as text: a title and the table"
+    dur = lambda v: '' if v != v else format_duration(v)
+    t = pd.DataFrame({'Phase': st.Phase.where(st.Phase != st.Phase.shift(), ''), 'Step': st.Stage, 'Per': st.Per,
+                      'Base': st['Base Median'].map(dur), 'Base where': st['Base Where'].fillna(''),
+                      'New': st['New Median'].map(dur), 'New where': st['New Where'].fillna(''),
+                      'Change': st['Change %'].map(lambda v: '' if v != v else f'{v:+.1f}%')})
+    title = fill_text('Loader stages, medians (untested: a profile keeps each stage\'s summary, not its every call):', width or text_width())
+    return title + '\n' + text_table(t, list(t.columns), {'Step': 'Stage'})
+
 # %% ../nbs/08_compare.ipynb #1cb42137
 MIN_CALLS, CONFIDENCE = 30, 0.95  # ALPHA, MIN_CHANGE, MIN_SHARE (0.01, 15, 2) are in `fastxtend_prof.defaults`, where `fastxtend-prof --help` reads them
 HEADLINE = (Phase.TRAIN, Step.ITERATION)  # the row the verdict leads with and the CLI gates on by default
@@ -200,6 +235,7 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
     out.attrs.update(warnings=comparability(b, n), alpha=alpha, min_change=min_change, min_share=min_share, confidence=confidence,
                      base=b.source, new=n.source)
     out.attrs['verdict'] = comparison_verdict(out)
+    out.attrs['stages'] = stage_changes(b, n)  # None unless both runs timed the loader's stages
     return out
 
 # %% ../nbs/08_compare.ipynb #a0a98468
@@ -315,6 +351,8 @@ def comparison_text(cmp:pd.DataFrame, width:int|None=None) -> str:
                       f"p: {' / '.join(tests) or 'no test'}; significant if p < {cmp.attrs.get('alpha', ALPHA)} and the mean moved "
                       f"{cmp.attrs.get('min_change', MIN_CHANGE):g}% or more, and by {cmp.attrs.get('min_share', MIN_SHARE):g}% of the "
                       "iteration or more."))
+    st = cmp.attrs.get('stages')
+    if st is not None and len(st): lines.append(stage_changes_text(st, width))
     return '\n'.join(lines)
 
 def show_comparison(cmp:pd.DataFrame, width:int|None=None):

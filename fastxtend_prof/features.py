@@ -67,6 +67,9 @@ class Feature:
     def note(self, payload) -> str:
         "A few words for the report's title ('' for none)"
         return ''
+    def tables(self, payload) -> dict:
+        "Tables of its own, `{name: DataFrame}`: saved beside the results' CSV as `<stem>_<name>.csv`, logged to wandb as `simple_profile_<name>`"
+        return {}
     def metadata(self, payload) -> dict|None:
         "JSON-ready facts saved with the profile under its name (None: nothing)"
         return None

@@ -128,7 +128,11 @@ class WandbLogger(Logger):
     def after_fit(self, learn, results, report):
         wandb = self.wandb
         if wandb.run is None: return
-        wandb.log({'simple_profile_report': wandb.Table(dataframe=report), 'simple_profile_results': wandb.Table(dataframe=results)})
+        tables = {'simple_profile_report': wandb.Table(dataframe=report), 'simple_profile_results': wandb.Table(dataframe=results)}
+        r = getattr(learn, 'profile_result', None)
+        for f in (r.features if r is not None else ()):  # each feature's own tables (the loader stages)
+            tables.update({f'simple_profile_{k}': wandb.Table(dataframe=v) for k, v in f.tables(r.payload(f.name)).items()})
+        wandb.log(tables)
         wandb.run.summary.update(summary_values(results))
 
 # %% ../nbs/06_loggers.ipynb #d36c5040

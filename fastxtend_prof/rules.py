@@ -186,6 +186,8 @@ def data_bound(result, ctx:dict) -> list:
     if on_device and ctx.get('loader') == 'fastai': tips.append('move augmentation to the GPU (fastai `batch_tfms` instead of `item_tfms`)')
     elif on_device: tips.append("move per-item augmentation onto the device, applied to whole batches after the loader")
     tips.append('make items cheaper to load (pre-resized, cached, decoded once)')
+    if ctx.get('loader') == 'fastai' and not any(f.name == 'stages' for f in getattr(result, 'features', ())):
+        tips.append('`learn.profile(stages=True)` shows which stage of the loader to make cheaper (the decoding, each transform, the collation)')
     sev = 'critical' if wait_share >= DATA_BOUND_CRITICAL else 'warning'
     return [Advice('data_bound', sev, ev, '; '.join(tips) + '.', verdict + '.')]
 

@@ -350,13 +350,17 @@ def _present(self:SimpleProfilerCallback, learn, r:ProfileResult, hub=None):
 
 @patch
 def _save_files(self:SimpleProfilerCallback, learn, r:ProfileResult):
-    "CSV, JSON and chart, as asked (on rank 0 of a distributed fit also the per-rank CSV): `[(what, path)]` written"
+    "CSV, JSON and chart, as asked (with the CSV: on rank 0 of a distributed fit the per-rank CSV, and each feature's `tables`): `[(what, path)]` written"
     out, saved = self._files if self._files is not None else self.outputs(learn.path), []
     if 'csv_name' in out:
         saved.append(('results', _write(save_results, r.to_save(), out['csv_name'], 'CSV')))
         if r.rank_results is not None:
             ranks = out['csv_name'].with_name(f"{out['csv_name'].stem}_ranks.csv")
             saved.append(('per-rank results', _write(save_results, r.rank_results, ranks, 'per-rank CSV')))
+        for f in r.features:  # a feature's own tables (the loader stages): each beside the results, `<stem>_<name>.csv`
+            for name, df in f.tables(r.payload(f.name)).items():
+                at = out['csv_name'].with_name(f"{out['csv_name'].stem}_{name}.csv")
+                saved.append((name, _write(save_results, df, at, f'{name} CSV')))
     if 'save_json' in out:
         mine = profile_of(learn)  # this fit's metadata and per-step distributions, as a comparison reads them
         saved.append(('JSON', _write(lambda df, p: save_json(df, p, mine.metadata, encode_distributions(mine.distributions)), r.to_save(), out['save_json'], 'JSON')))

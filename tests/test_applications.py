@@ -282,3 +282,28 @@ def test_collab(num_workers):
         return collab_learner(dls, n_factors=8, y_range=(0, 5.5), metrics=rmse)
     learn = assert_unchanged(build, lambda l: l.fit_one_cycle(2, 5e-3))
     assert_report(learn)
+
+# ----------------------------------------------------------------------------------------------- plain PyTorch loaders
+class NoisyDigits(torch.utils.data.Dataset):
+    "scikit-learn's digits as flat tensors, each read with fresh noise: a random draw per item, in the worker that reads it"
+    def __init__(self, idx):
+        from sklearn.datasets import load_digits
+        d = load_digits()
+        self.x, self.y = torch.tensor(d.images[idx], dtype=torch.float32).flatten(1)/16, torch.tensor(d.target[idx])
+    def __len__(self): return len(self.y)
+    def __getitem__(self, i): return self.x[i] + 0.1*torch.randn(64), self.y[i]
+
+@pytest.mark.parametrize('num_workers', WORKERS)
+def test_plain_pytorch_loaders(num_workers):
+    "torch's own `DataLoader`s (shuffled, items with random noise) in fastai `DataLoaders`: the stages time the dataset and the collation"
+    from torch import nn
+    from torch.utils.data import DataLoader
+    from fastai.basics import Learner, DataLoaders
+    def build():
+        dl = lambda idx, shuffle: DataLoader(NoisyDigits(idx), batch_size=32, shuffle=shuffle, num_workers=num_workers)
+        dls = DataLoaders(dl(np.arange(0, 320), True), dl(np.arange(320, 400), False))
+        return Learner(dls, nn.Sequential(nn.Linear(64, 32), nn.ReLU(), nn.Linear(32, 10)), loss_func=nn.CrossEntropyLoss(), metrics=accuracy)
+    learn = assert_unchanged(build, lambda l: l.fit_one_cycle(2, 1e-2))
+    st = learn.profile_result.payload('stages').set_index(['Phase', 'Stage', 'Where'])
+    where = 'workers' if num_workers > 1 else 'worker 0' if num_workers else 'main'
+    assert st.loc[('train', 'collate', where), 'Number of Calls'] == 2*10   # both epochs' batches

@@ -192,13 +192,13 @@ def wandb_offline(tmp_path, monkeypatch):
     wandb.teardown()
 
 
-def run_wandb_fit(wandb, log_every=5, via_profile=False, flops=False):
+def run_wandb_fit(wandb, log_every=5, via_profile=False, flops=False, stages=False):
     from fastai.callback.wandb import WandbCallback
     run = wandb.init(project='fastxtend-prof-tests')
     run_dir = Path(run.dir).parent
     assert run.settings.mode == 'offline' and Path(os.environ['WANDB_DIR']) in run_dir.parents
     learn = synth_learner(cbs=WandbCallback(log_preds=False))
-    if via_profile: learn.profile(show_report=False, logger_callback='wandb', log_every=log_every, flops=flops)
+    if via_profile: learn.profile(show_report=False, logger_callback='wandb', log_every=log_every, flops=flops, stages=stages)
     else: profiled(learn, 'wandb', log_every=log_every)
     with learn.no_bar():
         learn.lr_find(num_it=4, show_plot=False)  # nothing may be logged for these
@@ -208,8 +208,8 @@ def run_wandb_fit(wandb, log_every=5, via_profile=False, flops=False):
     return learn, run_dir
 
 
-def check_wandb_run(learn, run_dir, log_every=5, flops=False):
-    "What the offline run holds; `flops`: the fit counted FLOPs (`flops=True`, off by default), whose columns reach the table and summary"
+def check_wandb_run(learn, run_dir, log_every=5, flops=False, stages=False):
+    "What the offline run holds; `flops`: the fit counted FLOPs (`flops=True`, off by default), whose columns reach the table and summary; `stages`: the loader's stages, a table of their own"
     history, summary = read_wandb(next(run_dir.glob('run-*.wandb')))
     live = {s: row for s, row in history.items() if any(k.startswith('samples_per_second/train_') for k in row)}
     n = EPOCHS*N_TRAIN
@@ -219,7 +219,11 @@ def check_wandb_run(learn, run_dir, log_every=5, flops=False):
         assert set(LIVE_KEYS) <= set(row) and 'train_loss' in row
         assert all(v > 0 for k, v in row.items() if k in LIVE_KEYS)
     tables = {p.name.split('_')[2] for p in (run_dir/'files'/'media'/'table').glob('simple_profile_*.table.json')}
-    assert tables == {'report', 'results'}
+    assert tables == {'report', 'results', *(['stages'] if stages else [])}
+    if stages:
+        t = json.loads(next((run_dir/'files'/'media'/'table').glob('simple_profile_stages_*.table.json')).read_text())
+        payload = learn.profile_result.payload('stages')
+        assert t['columns'] == list(payload.columns) and len(t['data']) == len(payload) and {'collate', 'item'} <= {r[1] for r in t['data']}
     res_file = next((run_dir/'files'/'media'/'table').glob('simple_profile_results_*.table.json'))
     t = json.loads(res_file.read_text())
     assert t['columns'] == [*RESULT_COLS, *(FLOP_COLS if flops else ())] and len(t['data']) == len(learn.simple_profile_results)
@@ -270,17 +274,17 @@ def read_tensorboard(log_dir):
     return ea
 
 
-def run_tb_fit(log_dir, log_every=5, via_profile=False, flops=False):
+def run_tb_fit(log_dir, log_every=5, via_profile=False, flops=False, stages=False):
     pytest.importorskip('tensorboard')
     from fastai.callback.tensorboard import TensorBoardCallback
     learn = synth_learner(cbs=TensorBoardCallback(log_dir=str(log_dir), trace_model=False, log_preds=False))
-    if via_profile: learn.profile(show_report=False, logger_callback='tensorboard', log_every=log_every, flops=flops)
+    if via_profile: learn.profile(show_report=False, logger_callback='tensorboard', log_every=log_every, flops=flops, stages=stages)
     else: profiled(learn, 'auto', log_every=log_every)
     fit(learn)
     return learn
 
 
-def check_tb_run(learn, log_dir, log_every=5, flops=False):
+def check_tb_run(learn, log_dir, log_every=5, flops=False, stages=False):
     "What TensorBoard holds; `flops`: the fit counted FLOPs (`flops=True`, off by default), whose block is a text of its own"
     ea = read_tensorboard(log_dir)
     tags = ea.Tags()
@@ -294,6 +298,9 @@ def check_tb_run(learn, log_dir, log_every=5, flops=False):
     if flops:
         (text,) = ea.Tensors('simple_profile_flops/text_summary')  # the FLOPs block: synth_learner's model runs no matmul
         assert 'FLOPs: none counted' in text.tensor_proto.string_val[0].decode()  # one line, saying why
+    if stages:
+        (text,) = ea.Tensors('simple_profile_stages/text_summary')  # the loader's stages, a text of their own
+        assert 'Loader stages (train' in text.tensor_proto.string_val[0].decode()
     else:  # FLOPs are off by default; on a CPU memory is not tracked: the report is the only text
         assert [t for t in tags['tensors'] if t.startswith('simple_profile_')] == ['simple_profile_report/text_summary']
 
@@ -334,12 +341,12 @@ def test_profile_auto_with_no_logger_holds_no_hub():
     assert hubs == [None]
 
 def test_profile_wandb_offline(wandb_offline):
-    learn, run_dir = run_wandb_fit(wandb_offline, via_profile=True, flops=True)
-    check_wandb_run(learn, run_dir, flops=True)
+    learn, run_dir = run_wandb_fit(wandb_offline, via_profile=True, flops=True, stages=True)
+    check_wandb_run(learn, run_dir, flops=True, stages=True)
 
 def test_profile_tensorboard(tmp_path):
-    learn = run_tb_fit(tmp_path, via_profile=True, flops=True)
-    check_tb_run(learn, tmp_path, flops=True)
+    learn = run_tb_fit(tmp_path, via_profile=True, flops=True, stages=True)
+    check_tb_run(learn, tmp_path, flops=True, stages=True)
 
 
 def test_live_values_with_folded_rows():

@@ -1,15 +1,17 @@
 """The loader stages (`learn.profile(stages=True)`, nbs/34_stages): known delays show in their own rows, in the workers
-when there are workers; the workers' rows account for every item the loop received; the loader, fastai and fasttransform
-are as they were after the fit, also when it fails; a loader that is not fastai's is said to be unseen. Bit-identity with
-the stages on is checked with the applications (`test_applications.assert_unchanged` profiles with `stages=True`) and
-the observe-only cases (their `all` option).
+when there are workers, for fastai's loaders and plain PyTorch ones; the workers' rows account for every item the loop
+received; the loader, fastai, fasttransform and torch are as they were after the fit, also when it fails; persistent
+workers and iterable datasets are left alone, and said to be. The queue, the first batch of each pass, the files, the
+comparison of two profiles and the advice by stage. Bit-identity with the stages on is checked with the applications
+(`test_applications.assert_unchanged` profiles with `stages=True`) and the observe-only cases (their `all` option).
 
 The delays are spent two ways. On an injected clock (`stages.CLOCK`, a `ManualClock` each worker advances in its own
 copy), the rows must hold them exactly: load cannot shift them. As sleeps on the real clock, each row's median must be
 at least its sleep (load makes a sleep longer, never shorter) and under twice it: the row holds its own delay and none
-of the others'."""
+of the others'. The queue and the advice's prediction judge real time against sleeps long enough that load cannot
+tip them: a batch that takes 140 ms of sleeps to make, a loop of 150 ms."""
 import time
-import numpy as np, pytest, torch
+import numpy as np, pandas as pd, pytest, torch
 from torch import nn
 import fastai.data.load as _load
 import fasttransform.transform as _ft
@@ -24,9 +26,13 @@ BS, N = 8, 48  # 4 train batches (drop_last) and 2 valid batches a fit
 
 SPEND = {0: time.sleep}  # how the delays are spent: sleeping, or advancing the injected clock
 
+ON = {'item': True}  # whether SleepyItem sleeps (a test turns it off)
+
 class SleepyItem(Transform):
     order = 5
-    def encodes(self, x:TensorImage): SPEND[0](ITEM); return x
+    def encodes(self, x:TensorImage):
+        if ON['item']: SPEND[0](ITEM)
+        return x
 
 class SleepyBatch(Transform):
     def encodes(self, x:TensorImage): SPEND[0](BATCH); return x
@@ -40,11 +46,11 @@ DIGITS = _digits()
 def decode(i): SPEND[0](DECODE); return PILImageBW.create((DIGITS.images[i]*16).astype(np.uint8))
 def label(i): return DIGITS.target[i]
 
-def learner(num_workers:int):
+def learner(num_workers:int, n:int=N, model=None):
     dblock = DataBlock(blocks=(ImageBlock(PILImageBW), CategoryBlock), get_x=decode, get_y=label,
                        item_tfms=[Resize(8), SleepyItem()], batch_tfms=[SleepyBatch()])
-    dls = dblock.dataloaders(list(range(N)), bs=BS, num_workers=num_workers, create_batch=sleepy_collate, device='cpu')
-    return Learner(dls, nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
+    dls = dblock.dataloaders(list(range(n)), bs=BS, num_workers=num_workers, create_batch=sleepy_collate, device='cpu')
+    return Learner(dls, model or nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
 
 def fit(learn, **kw):
     learn.profile(stages=True, show_report=False, **kw)
@@ -83,6 +89,9 @@ def test_known_delays_show_in_their_rows(num_workers, near):
         assert 0.9 <= parts.Share.sum() <= 1 + 1e-9, parts.Share
         assert_near(t.loc[('collate', where), 'Median Duration'], COLLATE)
         assert_near(t.loc[('after_batch: SleepyBatch', 'main'), 'Median Duration'], BATCH)
+        # each pass's first batch: in the main process, BS items and their collation (the workers' own clocks don't reach it)
+        assert t.loc[('first batch', 'main'), 'Number of Calls'] == 1
+        if not num_workers: assert_near(t.loc[('first batch', 'main'), 'Median Duration'], BS*(DECODE + ITEM) + COLLATE)
         n_items = len(dl)*BS if dl.drop_last else len(dl.dataset)
         assert t.loc[('item', where), 'Number of Calls'] == n_items  # every item the loop received, once
         assert t.loc[('collate', where), 'Number of Calls'] == len(dl)
@@ -96,6 +105,10 @@ def test_known_delays_show_in_their_rows(num_workers, near):
         else: assert share == parts.Share.max()
     lines = '\n'.join(learn.profile_result.lines())
     assert 'Loader stages (train' in lines and 'Loader stages (valid' in lines and 'after_item: SleepyItem' in lines
+    assert ('persistent_workers' in lines) == bool(num_workers)  # the workers' start-up, paid at every pass
+    if not near.exact:  # the queue, from the profile's real-clock rows: without workers the loop waits for every batch
+        q = learn.profile_result.payload('stages').attrs['queue']['train']
+        assert q['batches'] >= 2 and (num_workers or q['waited'] == q['batches']), q
 
 def test_everything_is_put_back_after_a_failing_fit():
     learn = learner(2)
@@ -116,13 +129,133 @@ def test_everything_is_put_back_after_a_failing_fit():
     b = next(iter(learn.dls.train))
     assert isinstance(b, tuple) and isinstance(b[0], torch.Tensor)
 
-def test_a_plain_pytorch_loader_is_said_unseen():
-    from torch.utils.data import DataLoader, TensorDataset
-    x, y = torch.randn(32, 4), torch.randint(0, 2, (32,))
-    dls = DataLoaders(DataLoader(TensorDataset(x, y), batch_size=8), DataLoader(TensorDataset(x, y), batch_size=8))
-    learn = Learner(dls, nn.Linear(4, 2), loss_func=nn.CrossEntropyLoss())
+class SleepyDataset(torch.utils.data.Dataset):
+    "A map-style dataset whose items take `DECODE` each to read"
+    def __len__(self): return N
+    def __getitem__(self, i): SPEND[0](DECODE); return torch.tensor(DIGITS.images[i], dtype=torch.float32).flatten(), int(DIGITS.target[i])
+
+def torch_learner(num_workers:int, **kw):
+    from torch.utils.data import DataLoader
+    mk = lambda: DataLoader(SleepyDataset(), batch_size=BS, num_workers=num_workers, collate_fn=sleepy_collate_torch, **kw)
+    return Learner(DataLoaders(mk(), mk()), nn.Linear(64, 10), loss_func=nn.CrossEntropyLoss())
+
+def sleepy_collate_torch(b): SPEND[0](COLLATE); return torch.utils.data.default_collate(b)
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_a_plain_pytorch_loader_shows_its_dataset_and_collation(num_workers, near):
+    learn = torch_learner(num_workers)
+    table = fit(learn)
+    where = 'main' if num_workers == 0 else 'workers'
+    for phase in ('train', 'valid'):
+        t = table.loc[phase]
+        near(t.loc[('dataset', where), 'Median Duration'], BS*DECODE)   # a batch's items, read one by one
+        near(t.loc[('collate', where), 'Median Duration'], COLLATE)
+        assert t.loc[('collate', where), 'Number of Calls'] == N//BS
+        assert t.loc[('first batch', 'main'), 'Number of Calls'] == 1
+    assert 'Loader stages (train: 6 batches, made in' in '\n'.join(learn.profile_result.lines())
+    from torch.utils.data import _utils, dataloader
+    assert _utils.fetch._MapDatasetFetcher.fetch.__qualname__ == '_MapDatasetFetcher.fetch'  # torch's own, put back
+    assert dataloader._MultiProcessingDataLoaderIter._next_data.__qualname__ == '_MultiProcessingDataLoaderIter._next_data'
+
+def test_persistent_workers_and_iterable_datasets_are_left_alone():
+    "Persistent workers outlive the fit with what was forked into them: left unwatched, their batches plain ever after"
+    learn = torch_learner(2, persistent_workers=True)
+    table = fit(learn)
+    assert set(table.index.get_level_values('Where')) == {'main'}  # only the first batch, in the loop's process
+    with learn.no_logging(): learn.fit(1)   # the same workers, unprofiled: plain batches
+    b = next(iter(learn.dls.train))
+    assert isinstance(b, list) and isinstance(b[0], torch.Tensor)
+    class Stream(torch.utils.data.IterableDataset):
+        def __len__(self): return 16
+        def __iter__(self): return ((torch.randn(64), 1) for _ in range(16))
+    from torch.utils.data import DataLoader
+    learn = Learner(DataLoaders(DataLoader(Stream(), batch_size=8), DataLoader(Stream(), batch_size=8)), nn.Linear(64, 10), loss_func=nn.CrossEntropyLoss())
     learn.profile(stages=True, show_report=False)
     with learn.no_logging(): learn.fit(1)
     assert learn.profile_result.payload('stages') is None
     f = next(f for f in learn.profile_result.features if f.name == 'stages')
-    assert 'fastai DataLoaders only' in f.why
+    assert 'iterable-style' in f.why
+
+class SlowForward(nn.Module):
+    "A model whose forward sleeps: the loop's own time, long against what the workers need to keep a batch ready"
+    def __init__(self, secs): super().__init__(); self.secs, self.lin = secs, nn.Linear(64, 10)
+    def forward(self, x): time.sleep(self.secs); return self.lin(x.flatten(1))
+
+def test_the_queue_says_when_workers_keep_up():
+    """A batch takes 140 ms to make (its items and collation sleep), the loop 150 ms more (a sleeping forward): two workers
+    make one every 70 ms, so batches are ready when the loop asks; without workers the loop waits for each (140 ms)"""
+    qs = {}
+    for w in (0, 2):
+        learn = learner(w, n=96, model=SlowForward(0.15))
+        with learn.no_bar(): fit(learn)
+        qs[w] = learn.profile_result.payload('stages').attrs['queue']['train']
+        text = '\n'.join(learn.profile_result.lines())
+        assert 'Queue: ' in text and ('every batch was ready' in text) == (qs[w]['waited'] == 0)
+    assert qs[0]['waited'] == qs[0]['batches'] >= 7, qs  # the loader works in the loop's own process
+    assert qs[2]['waited'] <= 2 and qs[2]['batches'] == qs[0]['batches'], qs  # prefetched by the workers (a batch or two may come late on a busy machine)
+
+def test_csv_json_and_the_comparison_carry_the_stages(tmp_path):
+    "`save_csv` writes the stages beside the results; `save_json` keeps them, and a comparison of two profiles shows each stage where its run made it"
+    paths = {}
+    for w in (0, 2):
+        learn = learner(w); learn.path = tmp_path
+        learn.profile(stages=True, show_report=False, save_csv=True, csv_name=f'w{w}.csv', save_json=f'w{w}.json')
+        with learn.no_logging(): learn.fit(1)
+        payload = learn.profile_result.payload('stages')
+        back = pd.read_csv(tmp_path/f'w{w}_stages.csv')
+        assert list(back.columns) == list(payload.columns) and len(back) == len(payload)
+        assert np.allclose(back['Median Duration'], payload['Median Duration'])
+        paths[w] = tmp_path/f'w{w}.json'
+    from fastxtend_prof.compare import compare_profiles, comparison_text
+    cmp = compare_profiles(paths[0], paths[2])
+    st = cmp.attrs['stages'].set_index(['Phase', 'Stage'])
+    assert st.loc[('train', 'collate'), 'Base Where'] == 'main' and st.loc[('train', 'collate'), 'New Where'] == 'workers'
+    assert st.loc[('train', 'after_batch: SleepyBatch'), 'New Where'] == 'main'
+    assert st.loc[('train', 'after_item: SleepyItem'), 'Base Median'] >= ITEM and st.loc[('train', 'after_item: SleepyItem'), 'New Median'] >= ITEM
+    assert 'Loader stages, medians' in comparison_text(cmp, 120)
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_the_advice_names_the_costliest_stage_and_predicts_the_gain(num_workers, monkeypatch):
+    """A loader whose item transform sleeps 10 ms an item (80 ms a batch, of 140 ms of sleeps in all) makes the loop wait:
+    the advice names that transform and predicts the iteration without it, which a run without the sleep measures"""
+    learn = learner(num_workers, n=96)
+    with learn.no_bar(): fit(learn)
+    adv = [a for a in learn.profile_result.advice if a.rule in ('data_bound', 'loader_stage')]
+    assert [a.rule for a in adv] == ['data_bound', 'loader_stage'], learn.profile_result.advice  # right after the data-bound advice
+    ev = adv[1].evidence
+    assert ev['stage'] == 'after_item: SleepyItem' and ev['workers'] == num_workers and 'batch transform' in adv[1].suggestion
+    assert BS*ITEM <= ev['stage_s_per_batch'] < 2*BS*ITEM
+    monkeypatch.setitem(ON, 'item', False)  # the same loader without that sleep
+    learn = learner(num_workers, n=96)
+    with learn.no_bar(): fit(learn)
+    res = learn.simple_profile_results.set_index(['Phase', 'Step'])
+    measured = res.loc[('train', 'iteration'), 'Mean Duration']
+    assert abs(ev['iteration_without_s']/measured - 1) < 0.15, (ev, measured)  # predicted within 15% of what it measured
+    assert ev['iteration_s'] > 1.5*measured  # and the gain is real: the prediction is no mere copy of the iteration
+
+def test_without_the_stages_the_data_bound_advice_names_them():
+    learn = learner(0)
+    learn.profile(show_report=False)
+    with learn.no_logging(): learn.fit(1)
+    (a,) = [a for a in learn.profile_result.advice if a.rule == 'data_bound']
+    assert '`learn.profile(stages=True)`' in a.suggestion
+    assert not [a for a in learn.profile_result.advice if a.rule == 'loader_stage']
+
+def spin(s:float):
+    "Compute (spin) for `s` seconds: a loader that needs its core"
+    t = time.perf_counter()
+    while time.perf_counter() - t < s: pass
+
+@pytest.mark.parametrize('kind', ['sleeps', 'spins'])
+def test_a_loader_that_waits_is_told_from_one_that_computes(kind, monkeypatch):
+    """Items and collation that sleep: the workers run (or wait for a core) a small share of the time they make batches,
+    and more workers than cores can help; that spin: they need a core all along, busy machine or not (the time a worker
+    waits for a core counts as needing one)"""
+    if kind == 'spins': monkeypatch.setitem(SPEND, 0, spin)
+    learn = learner(2)
+    fit(learn)
+    p = learn.profile_result.payload('stages')
+    share = stages.compute_share(p[p.Phase == 'train'], 'workers')
+    text = '\n'.join(learn.profile_result.lines())
+    if kind == 'sleeps': assert share < 0.25 and 'more workers than cores can help' in text, share
+    else: assert share > 0.75 and 'cores bound them' in text, share

@@ -34,6 +34,7 @@ ALLOWED = {
     ('trace.py', 'files', 'trace'): "the file of the `trace` option, among the files a profile writes",
     ('trace.py', 'Trace', 'trace'): "the `Trace` feature's name: the `trace` option of `learn.profile` and `ProfileResult.trace`",
     ('tune.py', '_check_find', 'warmup'): "the `warmup` option of `learn.speed_find`",
+    ('stages.py', '', 'batch'): "`PER_BATCH`, the unit of the loader stages' `Per` column: a stage runs once per item or once per batch",
 }
 
 def _skipped(tree) -> set:
