@@ -103,7 +103,7 @@ def test_known_delays_show_in_their_rows(num_workers, near):
         share = t.loc[('after_item: SleepyItem', where), 'Share']
         if near.exact: assert share == pytest.approx(ITEM/(DECODE + ITEM), abs=1e-9)
         else: assert share == parts.Share.max()
-    lines = '\n'.join(learn.profile_result.lines())
+    lines = ' '.join(' '.join(learn.profile_result.lines()).split())  # the lines unwrapped
     assert 'Loader stages (train' in lines and 'Loader stages (valid' in lines and 'after_item: SleepyItem' in lines
     assert ('persistent_workers' in lines) == bool(num_workers)  # the workers' start-up, paid at every pass
     if not near.exact:  # the queue, from the profile's real-clock rows: without workers the loop waits for every batch
@@ -152,7 +152,7 @@ def test_a_plain_pytorch_loader_shows_its_dataset_and_collation(num_workers, nea
         near(t.loc[('collate', where), 'Median Duration'], COLLATE)
         assert t.loc[('collate', where), 'Number of Calls'] == N//BS
         assert t.loc[('first batch', 'main'), 'Number of Calls'] == 1
-    assert 'Loader stages (train: 6 batches, made in' in '\n'.join(learn.profile_result.lines())
+    assert 'Loader stages (train: 6 batches, made in' in ' '.join(' '.join(learn.profile_result.lines()).split())
     from torch.utils.data import _utils, dataloader
     assert _utils.fetch._MapDatasetFetcher.fetch.__qualname__ == '_MapDatasetFetcher.fetch'  # torch's own, put back
     assert dataloader._MultiProcessingDataLoaderIter._next_data.__qualname__ == '_MultiProcessingDataLoaderIter._next_data'
@@ -189,8 +189,8 @@ def test_the_queue_says_when_workers_keep_up():
         learn = learner(w, n=96, model=SlowForward(0.15))
         with learn.no_bar(): fit(learn)
         qs[w] = learn.profile_result.payload('stages').attrs['queue']['train']
-        text = '\n'.join(learn.profile_result.lines())
-        assert 'Queue: ' in text and ('every batch was ready' in text) == (qs[w]['waited'] == 0)
+        text = ' '.join(' '.join(learn.profile_result.lines()).split())  # the lines unwrapped
+        assert 'Queue: ' + ' '.join(stages.queue_line(qs[w]).split()) in text  # the train loop's queue in words
     assert qs[0]['waited'] == qs[0]['batches'] >= 7, qs  # the loader works in the loop's own process
     assert qs[2]['waited'] <= 2 and qs[2]['batches'] == qs[0]['batches'], qs  # prefetched by the workers (a batch or two may come late on a busy machine)
 
@@ -215,23 +215,39 @@ def test_csv_json_and_the_comparison_carry_the_stages(tmp_path):
     assert 'Loader stages, medians' in comparison_text(cmp, 120)
 
 @pytest.mark.parametrize('num_workers', [0, 2])
-def test_the_advice_names_the_costliest_stage_and_predicts_the_gain(num_workers, monkeypatch):
-    """A loader whose item transform sleeps 10 ms an item (80 ms a batch, of 140 ms of sleeps in all) makes the loop wait:
-    the advice names that transform and predicts the iteration without it, which a run without the sleep measures"""
-    learn = learner(num_workers, n=96)
+def test_the_advice_names_the_costliest_stage_and_predicts_the_gain(num_workers, monkeypatch, sync_mode):
+    """A loader whose item transform waits 10 ms an item (80 ms a batch, of 140 ms in all) makes the loop wait: the advice
+    names that transform and predicts the iteration without it. Without workers everything runs in this process, on an
+    injected clock that the profile and the stages share: the prediction must be exactly what a run without that wait
+    measures. With two workers (each its own copy of any clock) the waits are sleeps (20 ms to decode, 40 ms in the
+    transform, none in the loop): the advice must name the stage in the workers and predict a real gain. Its arithmetic
+    with workers is checked exactly in 34_stages; a measured run without the wait is no check of it on a busy machine,
+    where each sleep wakes late by what the other work decides, differently in the two runs (121 ms measured once
+    against 90 ms ideal, 64 ms predicted when the first run's items took 768 ms a batch against 500)"""
+    if num_workers == 0:
+        clock = ManualClock()
+        sync_mode(clock)
+        monkeypatch.setattr(stages, 'CLOCK', clock)
+        monkeypatch.setitem(SPEND, 0, clock.spend)
+    else:  # the loop's own part kept small against what the workers take to make a batch
+        for k, v in dict(DECODE=20e-3, ITEM=40e-3, BATCH=0.).items(): monkeypatch.setitem(globals(), k, v)
+    learn = learner(num_workers, n=100)  # 80 train items: 10 whole batches (the items of a partial batch that `drop_last` drops are made, and waited for, all the same)
     with learn.no_bar(): fit(learn)
     adv = [a for a in learn.profile_result.advice if a.rule in ('data_bound', 'loader_stage')]
     assert [a.rule for a in adv] == ['data_bound', 'loader_stage'], learn.profile_result.advice  # right after the data-bound advice
     ev = adv[1].evidence
     assert ev['stage'] == 'after_item: SleepyItem' and ev['workers'] == num_workers and 'batch transform' in adv[1].suggestion
     assert BS*ITEM <= ev['stage_s_per_batch'] < 2*BS*ITEM
-    monkeypatch.setitem(ON, 'item', False)  # the same loader without that sleep
-    learn = learner(num_workers, n=96)
+    if num_workers:
+        assert ev['iteration_s'] > 1.5*ev['iteration_without_s']  # the gain is real
+        return
+    exact = lambda got, want: got == pytest.approx(want, abs=1e-9)
+    assert exact(ev['iteration_s'], BS*(DECODE + ITEM) + COLLATE + BATCH) and exact(ev['iteration_without_s'], BS*DECODE + COLLATE + BATCH)
+    monkeypatch.setitem(ON, 'item', False)  # the same loader without that wait
+    learn = learner(num_workers, n=100)
     with learn.no_bar(): fit(learn)
     res = learn.simple_profile_results.set_index(['Phase', 'Step'])
-    measured = res.loc[('train', 'iteration'), 'Mean Duration']
-    assert abs(ev['iteration_without_s']/measured - 1) < 0.15, (ev, measured)  # predicted within 15% of what it measured
-    assert ev['iteration_s'] > 1.5*measured  # and the gain is real: the prediction is no mere copy of the iteration
+    assert exact(ev['iteration_without_s'], res.loc[('train', 'iteration'), 'Mean Duration'])  # what it measures
 
 def test_without_the_stages_the_data_bound_advice_names_them():
     learn = learner(0)
@@ -256,6 +272,8 @@ def test_a_loader_that_waits_is_told_from_one_that_computes(kind, monkeypatch):
     fit(learn)
     p = learn.profile_result.payload('stages')
     share = stages.compute_share(p[p.Phase == 'train'], 'workers')
-    text = '\n'.join(learn.profile_result.lines())
-    if kind == 'sleeps': assert share < 0.25 and 'more workers than cores can help' in text, share
-    else: assert share > 0.75 and 'cores bound them' in text, share
+    text = ' '.join(' '.join(learn.profile_result.lines()).split())  # the lines unwrapped
+    # Under load a sleeping worker also waits for a core each time it wakes (17 times a batch here): 0.34 of its time with
+    # CI's load (2 spinning processes and 3 test processes on 2 cores), 0.02 on a quiet machine; a spinning one, 0.99
+    if kind == 'sleeps': assert share < stages.WAITING and 'more workers than cores can help' in text, share
+    else: assert share > stages.WAITING and 'cores bound them' in text, share
