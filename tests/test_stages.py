@@ -6,10 +6,11 @@ comparison of two profiles and the advice by stage. Bit-identity with the stages
 (`test_applications.assert_unchanged` profiles with `stages=True`) and the observe-only cases (their `all` option).
 
 The delays are spent two ways. On an injected clock (`stages.CLOCK`, a `ManualClock` each worker advances in its own
-copy), the rows must hold them exactly: load cannot shift them. As sleeps on the real clock, each row's median must be
-at least its sleep (load makes a sleep longer, never shorter) and under twice it: the row holds its own delay and none
-of the others'. The queue and the advice's prediction judge real time against sleeps long enough that load cannot
-tip them: a batch that takes 140 ms of sleeps to make, a loop of 150 ms."""
+copy), the rows must hold them exactly: load cannot shift them, and each row holds its own delay and none of the
+others'. As sleeps on the real clock, each row's median must be at least its sleep: load makes a sleep longer, never
+shorter, and without bound (a 10 ms sleep took 20.8 ms at the median in a loaded CI run), so no upper bound holds.
+The queue judges real time against sleeps long enough that load cannot tip it (a batch that takes 140 ms of sleeps to
+make, a loop of 150 ms); the advice's prediction is checked exactly, on the injected clock."""
 import time
 import numpy as np, pandas as pd, pytest, torch
 from torch import nn
@@ -59,9 +60,9 @@ def fit(learn, **kw):
 
 @pytest.fixture(params=['injected clock', 'sleeps'])
 def near(request, monkeypatch):
-    "How close a row must be to its delay: exactly on the injected clock; at least the sleep and under twice it on the real one"
+    "How close a row must be to its delay: exactly on the injected clock; at least the sleep on the real one (load lengthens a sleep without bound: a 10 ms one took 20.8 ms at the median in a loaded CI run)"
     if request.param == 'sleeps':
-        def near(got, want): assert want <= got < 2*want, f'{got*1e3:.3f} ms for a sleep of {want*1e3:.3f} ms'
+        def near(got, want): assert want <= got, f'{got*1e3:.3f} ms for a sleep of {want*1e3:.3f} ms'
         near.exact = False
         return near
     clock = ManualClock()
@@ -83,7 +84,7 @@ def test_known_delays_show_in_their_rows(num_workers, near):
         assert_near(t.loc[('after_item: SleepyItem', where), 'Median Duration'], ITEM)
         assert_near(t.loc[('item', where), 'Median Duration'], DECODE + ITEM)
         # each part of an item counted once: the fetch holds none of the decoding, and the parts' shares add up to the item
-        assert t.loc[('fetch', where), 'Median Duration'] < DECODE/2
+        if near.exact: assert abs(t.loc[('fetch', where), 'Median Duration']) < 1e-9
         parts = t.xs(where, level='Where')
         parts = parts[(parts.Per == 'item') & (parts.index != 'item')]
         assert 0.9 <= parts.Share.sum() <= 1 + 1e-9, parts.Share
@@ -237,11 +238,12 @@ def test_the_advice_names_the_costliest_stage_and_predicts_the_gain(num_workers,
     assert [a.rule for a in adv] == ['data_bound', 'loader_stage'], learn.profile_result.advice  # right after the data-bound advice
     ev = adv[1].evidence
     assert ev['stage'] == 'after_item: SleepyItem' and ev['workers'] == num_workers and 'batch transform' in adv[1].suggestion
-    assert BS*ITEM <= ev['stage_s_per_batch'] < 2*BS*ITEM
+    assert BS*ITEM <= ev['stage_s_per_batch']  # exactly that on the injected clock (below)
     if num_workers:
         assert ev['iteration_s'] > 1.5*ev['iteration_without_s']  # the gain is real
         return
     exact = lambda got, want: got == pytest.approx(want, abs=1e-9)
+    assert exact(ev['stage_s_per_batch'], BS*ITEM)
     assert exact(ev['iteration_s'], BS*(DECODE + ITEM) + COLLATE + BATCH) and exact(ev['iteration_without_s'], BS*DECODE + COLLATE + BATCH)
     monkeypatch.setitem(ON, 'item', False)  # the same loader without that wait
     learn = learner(num_workers, n=100)
