@@ -180,6 +180,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'fastxtend_prof.compare.stage_changes': ('compare.html#stage_changes', 'fastxtend_prof/compare.py'),
                                         'fastxtend_prof.compare.stage_changes_text': ( 'compare.html#stage_changes_text',
                                                                                        'fastxtend_prof/compare.py'),
+                                        'fastxtend_prof.compare.stage_place': ('compare.html#stage_place', 'fastxtend_prof/compare.py'),
                                         'fastxtend_prof.compare.step_distributions': ( 'compare.html#step_distributions',
                                                                                        'fastxtend_prof/compare.py')},
             'fastxtend_prof.digits': { 'fastxtend_prof.digits.DigitsDataset': ('digits.html#digitsdataset', 'fastxtend_prof/digits.py'),

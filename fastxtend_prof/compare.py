@@ -5,9 +5,10 @@
 # %% auto #0
 __all__ = ['COMPARED', 'MIN_CALLS', 'CONFIDENCE', 'HEADLINE', 'COMPARE_COLS', 'VERDICT_STEPS', 'BASELINE_RATIO', 'BASELINE_HINTS',
            'step_distributions', 'encode_distributions', 'decode_distributions', 'SavedProfile', 'load_profile',
-           'profile_of', 'as_profile', 'change_stats', 'stage_changes', 'stage_changes_text', 'comparability',
-           'compared_columns', 'compare_profiles', 'comparison_verdict', 'slower_than', 'baseline_advice', 'baseline',
-           'Baseline', 'format_comparison', 'comparison_text', 'show_comparison', 'plot_comparison']
+           'profile_of', 'as_profile', 'change_stats', 'stage_place', 'stage_changes', 'stage_changes_text',
+           'comparability', 'compared_columns', 'compare_profiles', 'comparison_verdict', 'slower_than',
+           'baseline_advice', 'baseline', 'Baseline', 'format_comparison', 'comparison_text', 'show_comparison',
+           'plot_comparison']
 
 # %% ../nbs/08_compare.ipynb #65a33dda
 import base64, math, textwrap
@@ -126,6 +127,11 @@ def change_stats(base, new, confidence:float=0.95) -> dict:
     return {**out, 'CI Low %': lo, 'CI High %': hi, 'p-value': p, 'Test': test}
 
 # %% ../nbs/08_compare.ipynb #02a79ae2
+def stage_place(made:dict) -> tuple:
+    "`(workers, place)` of one loop's loader stages from the batches each place made (`{'worker 0': n, ...}`): the worker names, and where the merged rows are ('workers', the one worker, or 'main')"
+    workers = sorted(w for w in made if w.startswith('worker'))
+    return workers, 'workers' if len(workers) > 1 else workers[0] if workers else 'main'
+
 def _stage_view(meta:dict) -> pd.DataFrame:
     "A run's loader stages (`metadata['stages']`) where the run made them: the workers merged (or the one worker, or the main process), `after_batch` and each pass's first batch in the main process"
     st = (meta or {}).get('stages') or {}
@@ -133,8 +139,7 @@ def _stage_view(meta:dict) -> pd.DataFrame:
     if df.empty: return df
     parts = []
     for phase, d in df.groupby('Phase', sort=False):
-        workers = sorted(w for w in (st.get('batches') or {}).get(phase, {}) if w.startswith('worker'))
-        made = 'workers' if len(workers) > 1 else workers[0] if workers else 'main'
+        _, made = stage_place((st.get('batches') or {}).get(phase, {}))
         parts.append(d[(d.Where == made) | ((d.Where == 'main') & (d.Per != 'item'))])
     return pd.concat(parts)
 

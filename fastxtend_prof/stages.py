@@ -19,6 +19,7 @@ from .recorder import Phase, Relay, Step, phase_intervals, stats
 from .report import format_duration, text_width
 from .advice import Advice, fill_text
 from .features import Feature, Later, register_feature
+from .compare import stage_place
 
 # %% ../nbs/34_stages.ipynb #d29b4313
 class Timed(collections.namedtuple('Timed', 'batch stages')):
@@ -323,12 +324,11 @@ def stage_text(table:pd.DataFrame, width:int|None=None) -> str:
     lines, queue, width = [], table.attrs.get('queue', {}), width or text_width()
     for phase, df in table.groupby('Phase', sort=False):
         made = table.attrs.get('batches', {}).get(phase, {})
-        workers = sorted(w for w in made if w.startswith('worker'))
+        workers, merged = stage_place(made)
         items = df[(df.Stage == 'item') & df.Where.isin(['main'] if not workers else workers)]['Number of Calls'].sum()
         where = _plural(len(workers), 'worker') if workers else 'the main process'
         if made: lines.append(f'Loader stages ({phase}: {f"{int(items):,} items in " if items else ""}{_batches(sum(made.values()))}, made in {where}):')
         else: lines.append(f'Loader stages ({phase}: no batch seen being made; workers that persist, `persistent_workers=True`, are not watched):')
-        merged = 'workers' if len(workers) > 1 else workers[0] if workers else 'main'
         show = df[((df.Where == merged) | ((df.Where == 'main') & (df.Per == PER_BATCH))) & ~df.Stage.isin([FIRST, 'cpu'])]
         w = max(map(len, show.Stage)) if len(show) else 5
         lines.append(f"  {'stage':<{w}}  {'per':<5}  {'where':<9}  {'median':>9}  {'p90':>9}  {'share':>5}")
@@ -371,8 +371,7 @@ def stage_advice(table:pd.DataFrame, result, severity:str='warning') -> Advice|N
     made = table.attrs.get('batches', {}).get(str(Phase.TRAIN), {})
     if not len(it) or not len(wait) or not made: return None
     it, wait, n = float(it.iloc[0]), float(wait.iloc[0]), sum(made.values())
-    workers = sorted(w for w in made if w.startswith('worker'))
-    where = 'workers' if len(workers) > 1 else workers[0] if workers else 'main'
+    workers, where = stage_place(made)
     df = table[(table.Phase == str(Phase.TRAIN)) & (table.Where == where)]
     share = compute_share(df, where)
     df = df[~df.Stage.isin(['item', FIRST, 'cpu']) & ~df.Stage.str.startswith('after_batch')]
