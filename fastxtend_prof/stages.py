@@ -4,14 +4,17 @@
 
 # %% auto #0
 __all__ = ['CLOCK', 'SCHEDSTAT', 'KINDS', 'ITEM_KINDS', 'PER_ITEM', 'PER_BATCH', 'PER_PASS', 'FIRST', 'STAGE_COLS', 'READY',
-           'WAITING', 'STAGE_TIPS', 'Timed', 'StageLog', 'cpu_demand', 'tfm_name', 'watch_stages', 'torch_watchable',
-           'watch_torch_stages', 'StageTimes', 'stage_label', 'stage_table', 'queue_of', 'compute_share', 'work_line',
-           'queue_line', 'start_line', 'stage_text', 'stage_advice', 'StageWatch', 'Stages']
+           'WAITING', 'STAGE_TIPS', 'PLACE_COLORS', 'Timed', 'StageLog', 'cpu_demand', 'tfm_name', 'watch_stages',
+           'torch_watchable', 'watch_torch_stages', 'StageTimes', 'stage_label', 'stage_table', 'queue_of',
+           'compute_share', 'work_line', 'queue_line', 'start_line', 'stage_text', 'stage_advice', 'StageWatch',
+           'Stages', 'plot_stages']
 
 # %% ../nbs/34_stages.ipynb #0b647374
 import collections, contextlib, functools, math, os, sys, time, types
 import numpy as np, pandas as pd
 import fastai.data.load as _load
+from fastcore.basics import patch
+from fastai.learner import Learner
 from torch.utils.data import DataLoader as TorchDataLoader, get_worker_info
 from torch.utils.data import dataloader as _tdl
 from torch.utils.data._utils import fetch as _fetch
@@ -20,6 +23,7 @@ from .report import format_duration, text_width
 from .advice import Advice, fill_text
 from .features import Feature, Later, register_feature
 from .compare import stage_place
+from .plots import new_axes, save_figure, duration_ticks
 
 # %% ../nbs/34_stages.ipynb #d29b4313
 class Timed(collections.namedtuple('Timed', 'batch stages')):
@@ -384,7 +388,7 @@ def stage_advice(table:pd.DataFrame, result, severity:str='warning') -> Advice|N
     made_in = f'{_plural(len(workers), "worker")} side by side' if workers else 'the main process'
     ev = dict(stage=stage, stage_s_per_batch=t, loader_s_per_batch=loader, share=t/loader if loader > 0 else math.nan,
               workers=len(workers), iteration_s=it, wait_s=wait, iteration_without_s=without, compute_share=share)
-    if share < WAITING: tip += f'; the loader ran on a core only {share:.0%} of the time it made batches (it waits on storage or sleeps), so more workers than cores can help'
+    if share < WAITING: tip += f'; the loader ran on a core only {share:.0%} of the time it made batches (it waits on storage or sleeps), so more workers than cores can help (`learn.speed_find()` tries them)'
     verdict = (f"inside the loader, `{stage}`{f' ({what})' if what else ''} takes {ev['share']:.0%} of the work of a batch "
                f'({format_duration(t)} of {format_duration(loader)}, made in {made_in}), and the loop waits {format_duration(wait)} a batch for it')
     gain = f'without it the train iteration would take about {format_duration(without)} instead of {format_duration(it)} ({it/without:.2f}× faster)'
@@ -447,3 +451,57 @@ class Stages(Feature):
         nan_free = lambda d: {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}  # JSON has no NaN
         return dict(rows=[nan_free(r) for r in table.to_dict('records')], batches=table.attrs.get('batches', {}),
                     queue={p: nan_free(q) for p, q in table.attrs.get('queue', {}).items()})
+
+# %% ../nbs/34_stages.ipynb #d605b019
+PLACE_COLORS = {'workers': '#4c72b0', 'main': '#dd8452'}  # `plot_stages`: a stage made in the workers, or in the main process
+
+def plot_stages(table:pd.DataFrame, # The stage rows of a profile: `learn.profile_result.payload('stages')`
+                phase:str=Phase.TRAIN, # Which loop's loader: 'train' or 'valid'
+                ax=None, # A matplotlib axes to draw on; a new figure when None
+                fname=None, # Save the figure to this file (PNG unless its suffix says otherwise)
+               ):
+    "A bar per stage of `phase`'s loader: its time per batch made, where it ran and its share of the loader's work; the Work and Start lines under it; saved to `fname`"
+    if table is None or not len(table): raise ValueError('no stage rows to plot: profile with `learn.profile(stages=True)`, then fit')
+    df, made = table[table.Phase == str(phase)], table.attrs.get('batches', {}).get(str(phase), {})
+    if not len(df): raise ValueError(f"no stage rows for the {phase!r} loop (the table has {', '.join(map(repr, dict.fromkeys(table.Phase)))})")
+    n = sum(made.values())
+    if not n: raise ValueError(f'no {phase} batch was seen being made (workers that persist, `persistent_workers=True`, are not watched)')
+    workers, merged = stage_place(made)
+    rows = df[((df.Where == merged) | ((df.Where == 'main') & (df.Per == PER_BATCH))) & ~df.Stage.isin(['item', FIRST, 'cpu'])]
+    per = rows['Total Time'].to_numpy(dtype=float)/n  # seconds per batch made
+    place = ['workers' if w != 'main' else 'main' for w in rows.Where]
+    fig, ax = new_axes(ax, (10, 2.2 + 0.32*len(rows)))
+    y = np.arange(len(rows))
+    bars = ax.barh(y, per, height=0.6, color=[PLACE_COLORS[p] for p in place])
+    total = per.sum()
+    ax.bar_label(bars, labels=[f' {format_duration(t)} ({t/total:.0%})' if total > 0 else '' for t in per], fontsize=8)
+    ax.set_yticks(y, [f'{st} (main process)' if workers and p == 'main' else st for st, p in zip(rows.Stage, place)])
+    ax.invert_yaxis()
+    ax.set_xlim(0, max(per.max(initial=0.), 1e-9)*1.35)
+    ax.xaxis.set_major_formatter(duration_ticks())
+    from matplotlib.ticker import MaxNLocator
+    ax.xaxis.set_major_locator(MaxNLocator(5))
+    ax.set_xlabel("time per batch made (in brackets: share of the loader's work)")
+    where = f'{_plural(len(workers), "worker")} (blue; orange: the main process)' if workers else 'the main process, where the loop waits for them'
+    ax.set_title(f'Loader stages ({phase}): {_batches(n)} made in {where}', loc='left', fontsize=10)
+    note, share, first = [], compute_share(df, merged), df[df.Stage == FIRST].to_dict('records')
+    if share == share: note.append('Work: ' + work_line(share, len(workers)))
+    if first: note.append('Start: ' + start_line(first[0], len(workers)))
+    if note:
+        import textwrap
+        ax.annotate('\n'.join(textwrap.fill(t, 110) for t in note), (0, 0), xycoords='axes fraction', xytext=(0, -34), textcoords='offset points',
+                    ha='left', va='top', fontsize=7, color='#404040', gid='note')
+    if fname is not None: save_figure(fig, fname)
+    return fig
+
+@patch
+def plot_profile_stages(self:Learner,
+    fname=None, # Save the figure to this file (PNG unless its suffix says otherwise)
+    phase:str=Phase.TRAIN, # Which loop's loader: 'train' or 'valid'
+):
+    "The last profiled fit's loader stages (`plot_stages`), profiled with `learn.profile(stages=True)`; saved to `fname`"
+    r = getattr(self, 'profile_result', None)
+    if r is None: raise RuntimeError('`learn.plot_profile_stages()` needs a profiled fit: call `learn.profile(stages=True)`, then fit, then plot')
+    table = r.payload('stages')
+    if table is None: raise RuntimeError('the last profiled fit did not time the loader stages: profile with `learn.profile(stages=True)`')
+    return plot_stages(table, phase, fname=fname)
