@@ -578,7 +578,7 @@ def speed_find(self:Learner,
                 if mp['Batches'] < batches: note += f" (cut short by the budget: {mp['Batches']} batches)"
                 rows.append(_row(len(rows), f, mp, vs_start, ok, note, time.monotonic() - t1, best_median))
                 say(f"speed_find: {f.name}: {format_duration(mp['Median'])} a batch ({vs_start.get('Change %', math.nan):+.0f}% against the start), {'kept' if ok else 'not kept'}")
-                if ok: undos.append(undo); fixes.append(f); best = prof
+                if ok: undos.append(undo); fixes = [g for g in fixes if g.kind != f.kind] + [f]; best = prof  # more workers after fewer: the last count is the fix
                 else: undo()
                 if not ok or f.kind != 'num_workers': done.add(f.kind)
     finally:

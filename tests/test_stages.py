@@ -183,11 +183,13 @@ class SlowForward(nn.Module):
     def forward(self, x): time.sleep(self.secs); return self.lin(x.flatten(1))
 
 def test_the_queue_says_when_workers_keep_up():
-    """A batch takes 140 ms to make (its items and collation sleep), the loop 150 ms more (a sleeping forward): two workers
-    make one every 70 ms, so batches are ready when the loop asks; without workers the loop waits for each (140 ms)"""
+    """A batch takes 140 ms to make (its items and collation sleep), the loop 400 ms more (a sleeping forward): two workers
+    make one every 70 ms, so batches are ready when the loop asks; without workers the loop waits for each (140 ms).
+    400 ms, not 150: in a loaded CI run half the batches of the 150 ms loop came about 21 ms late from the workers, over
+    the bar of 10% of the iteration (19.6 ms); the bar is now about 40 ms"""
     qs = {}
     for w in (0, 2):
-        learn = learner(w, n=96, model=SlowForward(0.15))
+        learn = learner(w, n=96, model=SlowForward(0.4))
         with learn.no_bar(): fit(learn)
         qs[w] = learn.profile_result.payload('stages').attrs['queue']['train']
         text = ' '.join(' '.join(learn.profile_result.lines()).split())  # the lines unwrapped
