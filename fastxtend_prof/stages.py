@@ -4,10 +4,11 @@
 
 # %% auto #0
 __all__ = ['CLOCK', 'SCHEDSTAT', 'KINDS', 'ITEM_KINDS', 'PER_ITEM', 'PER_BATCH', 'PER_PASS', 'FIRST', 'STAGE_COLS', 'READY',
-           'WAITING', 'STAGE_TIPS', 'PLACE_COLORS', 'Timed', 'StageLog', 'cpu_demand', 'tfm_name', 'watch_stages',
-           'torch_watchable', 'watch_torch_stages', 'StageTimes', 'stage_label', 'stage_table', 'queue_of',
-           'compute_share', 'work_line', 'queue_line', 'start_line', 'stage_text', 'stage_advice', 'StageWatch',
-           'Stages', 'plot_stages']
+           'WAITING', 'STAGE_TIPS', 'HANDOFF', 'MAX_WORKERS', 'PLACE_COLORS', 'Timed', 'StageLog', 'cpu_demand',
+           'tfm_name', 'watch_stages', 'torch_watchable', 'watch_torch_stages', 'StageTimes', 'stage_label',
+           'stage_table', 'waits_of', 'queue_of', 'making_time', 'compute_share', 'work_line', 'queue_line',
+           'start_line', 'shown_rows', 'stage_text', 'stage_advice', 'cores', 'keep_up', 'best_case', 'best_line',
+           'StageWatch', 'Stages', 'plot_stages']
 
 # %% ../nbs/34_stages.ipynb #0b647374
 import collections, contextlib, functools, math, os, sys, time, types
@@ -24,6 +25,7 @@ from .advice import Advice, fill_text
 from .features import Feature, Later, register_feature
 from .compare import stage_place
 from .plots import new_axes, save_figure, duration_ticks
+from .gains import block_means, interval, paired_ratio, WHAT_IF_BLOCKS
 
 # %% ../nbs/34_stages.ipynb #d29b4313
 class Timed(collections.namedtuple('Timed', 'batch stages')):
@@ -113,8 +115,9 @@ def _tagged_batches(dl, orig):
     return types.MethodType(create_batches, dl)
 
 def _pipeline_module(dl):
-    "The module whose `compose_tfms` the pipelines of `dl` call: fasttransform's, or fastcore's for an older fastai"
-    return sys.modules[type(dl.after_batch).__module__]
+    "The module whose `compose_tfms` the pipelines of `dl` call: fasttransform's, or fastcore's for an older fastai; None when `dl` has none (a plain fastai `DataLoader`: its hooks are functions)"
+    mods = (sys.modules.get(type(p).__module__) for p in (dl.after_batch, dl.after_item, dl.before_batch))
+    return next((m for m in mods if hasattr(m, 'compose_tfms')), None)
 
 # %% ../nbs/34_stages.ipynb #f420584d
 @contextlib.contextmanager
@@ -132,7 +135,7 @@ def watch_stages(dl, # A fastai `DataLoader`
     pipes += [('after_item', dl.after_item), ('before_batch', dl.before_batch), ('after_batch', dl.after_batch)]
     mod, clock = _pipeline_module(dl), clock or CLOCK
     own = {n: dl.__dict__[n] for n in ('create_item', 'do_item', 'create_batch', 'create_batches') if n in dl.__dict__}
-    saved = (_State.clock, dict(_State.watched), mod.compose_tfms, _load._loaders)
+    saved = (_State.clock, dict(_State.watched), getattr(mod, 'compose_tfms', None), _load._loaders)
     _State.clock, _State.work, _State.after, _State.pending[:] = clock, StageLog(), StageLog(), []
     for kind, p in pipes:
         if hasattr(p, 'fs'):  # each transform's row named once, here
@@ -141,7 +144,7 @@ def watch_stages(dl, # A fastai `DataLoader`
     dl.do_item = _timed_method(dl, 'do_item', 'item', own=False)
     dl.create_batch = _timed_method(dl, 'create_batch', 'collate')
     dl.create_batches = _tagged_batches(dl, dl.create_batches)
-    mod.compose_tfms = _timed_compose(saved[2])
+    if mod is not None: mod.compose_tfms = _timed_compose(saved[2])
     def unwrap(make_iter):
         def batches(fake_l):
             first, t0 = started is not None and fake_l is dl.fake_l, _State.clock()
@@ -155,7 +158,8 @@ def watch_stages(dl, # A fastai `DataLoader`
     _load._loaders = tuple(map(unwrap, saved[3]))
     try: yield _State.after.take
     finally:
-        _State.clock, mod.compose_tfms, _load._loaders = saved[0], saved[2], saved[3]
+        _State.clock, _load._loaders = saved[0], saved[3]
+        if mod is not None: mod.compose_tfms = saved[2]
         _State.watched.clear(); _State.watched.update(saved[1])
         for n in ('create_item', 'do_item', 'create_batch', 'create_batches'):
             if n in own: dl.__dict__[n] = own[n]
@@ -271,20 +275,25 @@ def stage_table(times:dict, queue:dict|None=None) -> pd.DataFrame:
 
 READY = 0.1  # a batch the loop waited for less than this share of its loop's median iteration was ready when asked
 
-def queue_of(result) -> dict:
-    "Per loop, from the profile's per-batch rows where they were kept: of the steady batches, how many the loop waited for (`READY`) and how long"
+def waits_of(result) -> dict:
+    "`{phase: (wait, iteration)}`: each steady batch's wait for the loader and its iteration in seconds, from the profile's per-batch rows where they were kept and the draw was split"
     rows, out = getattr(result, 'rows', None), {}
     if rows is None: return out
     for phase, tb in rows.tables.items():
         iv = phase_intervals(tb, rows.warmup, (Step.WAIT, Step.ITERATION))
         wait, it = iv[Step.WAIT][0], iv[Step.ITERATION][0]
         ok = ~np.isnan(wait) & ~np.isnan(it)  # no wait where the draw was not split
-        if not ok.any(): continue
-        wait, it = wait[ok], it[ok]
+        if ok.any(): out[str(phase)] = wait[ok], it[ok]
+    return out
+
+def queue_of(result) -> dict:
+    "Per loop, from the profile's per-batch rows where they were kept: of the steady batches, how many the loop waited for (`READY`) and how long"
+    out = {}
+    for phase, (wait, it) in waits_of(result).items():
         bar = READY*float(np.median(it))
         late = wait[wait >= bar]
-        out[str(phase)] = dict(batches=int(ok.sum()), waited=int(late.size), bar=bar, median_wait=float(np.median(late)) if late.size else 0.,
-                               share=float(late.sum()/it.sum()) if it.sum() > 0 else math.nan)
+        out[phase] = dict(batches=int(it.size), waited=int(late.size), bar=bar, median_wait=float(np.median(late)) if late.size else 0.,
+                          share=float(late.sum()/it.sum()) if it.sum() > 0 else math.nan)
     return out
 
 # %% ../nbs/34_stages.ipynb #0781d4b6
@@ -293,11 +302,14 @@ def _batches(n:int) -> str: return f"{n:,} batch{'' if n == 1 else 'es'}"
 
 WAITING = 0.5  # a loader on a core (or ready for one) less than this share of the time it makes batches waits (on storage, sleeps, locks) the rest
 
+def making_time(df:pd.DataFrame, where:str) -> float:
+    "Seconds `where` (a place of one loop's stage rows) spent making batches: the items whole, then the batch's own stages (`after_batch` runs in the loop)"
+    d = df[df.Where == where]
+    return float(d.loc[d.Stage.str.split(': ').str[0].isin(['item', 'before_batch', 'dataset', 'collate']), 'Total Time'].sum())
+
 def compute_share(df:pd.DataFrame, where:str) -> float:
     "Of the time `where` (a place of one loop's stage rows) spent making batches, the share its thread ran or waited for a core (`cpu`): NaN where not known"
-    d = df[df.Where == where]
-    kind = d.Stage.str.split(': ').str[0]
-    making = float(d.loc[kind.isin(['item', 'before_batch', 'dataset', 'collate']), 'Total Time'].sum())  # the items whole, then the batch's own stages
+    d, making = df[df.Where == where], making_time(df, where)
     cpu = float(d.loc[d.Stage == 'cpu', 'Total Time'].sum())
     return cpu/making if making > 0 and (d.Stage == 'cpu').any() else math.nan
 
@@ -322,8 +334,12 @@ def start_line(row:dict, workers:int) -> str:
     return (t + f': {_plural(workers, "worker")} started, then a first batch made; fastai\'s DataLoader starts its workers anew at every pass '
             '(`persistent_workers` does not keep them)')
 
+def shown_rows(df:pd.DataFrame, merged:str) -> pd.DataFrame:
+    "The rows of one loop that the text and the chart show: each stage where the batches were made (`merged`), and the main process's per-batch ones"
+    return df[((df.Where == merged) | ((df.Where == 'main') & (df.Per == PER_BATCH))) & ~df.Stage.isin([FIRST, 'cpu'])]
+
 def stage_text(table:pd.DataFrame, width:int|None=None) -> str:
-    "The lines under the report: per loop, each stage's median, p90 and share, where it ran (the workers merged); the queue and the first batch"
+    "The lines under the report: per loop, each stage's median, p90 and share, where it ran (the workers merged); the work, the queue, the first batch and the best case"
     if table is None or not len(table): return ''
     lines, queue, width = [], table.attrs.get('queue', {}), width or text_width()
     for phase, df in table.groupby('Phase', sort=False):
@@ -333,7 +349,7 @@ def stage_text(table:pd.DataFrame, width:int|None=None) -> str:
         where = _plural(len(workers), 'worker') if workers else 'the main process'
         if made: lines.append(f'Loader stages ({phase}: {f"{int(items):,} items in " if items else ""}{_batches(sum(made.values()))}, made in {where}):')
         else: lines.append(f'Loader stages ({phase}: no batch seen being made; workers that persist, `persistent_workers=True`, are not watched):')
-        show = df[((df.Where == merged) | ((df.Where == 'main') & (df.Per == PER_BATCH))) & ~df.Stage.isin([FIRST, 'cpu'])]
+        show = shown_rows(df, merged)
         w = max(map(len, show.Stage)) if len(show) else 5
         lines.append(f"  {'stage':<{w}}  {'per':<5}  {'where':<9}  {'median':>9}  {'p90':>9}  {'share':>5}")
         for r in show.to_dict('records'):
@@ -349,6 +365,8 @@ def stage_text(table:pd.DataFrame, width:int|None=None) -> str:
         if phase in queue: lines.append(fill_text('  Queue: ' + queue_line(queue[phase]), width, '    '))
         first = df[df.Stage == FIRST].to_dict('records')
         if first: lines.append(fill_text('  Start: ' + start_line(first[0], len(workers)), width, '    '))
+        best = table.attrs.get('best', {}).get(phase)
+        if best: lines.append(fill_text('  Best case: ' + best_line(best), width, '    '))
     return '\n'.join(lines)
 
 # %% ../nbs/34_stages.ipynb #acc652fa
@@ -394,6 +412,68 @@ def stage_advice(table:pd.DataFrame, result, severity:str='warning') -> Advice|N
     gain = f'without it the train iteration would take about {format_duration(without)} instead of {format_duration(it)} ({it/without:.2f}× faster)'
     return Advice('loader_stage', severity, ev, f'{tip}; {gain}.', verdict + '.')
 
+# %% ../nbs/34_stages.ipynb #824172ca
+HANDOFF = 1e-3  # s: a batch handed from a worker process to the main one (pickled, queued, unpickled); about 1 ms measured on the 2-core VM
+MAX_WORKERS = 64  # `best_case`: the most loader workers it considers
+
+def cores() -> int:
+    "The CPU cores this process may run on"
+    try: return len(os.sched_getaffinity(0))
+    except AttributeError: return os.cpu_count() or 1
+
+def keep_up(load:float, # Seconds of loader work a batch, in one process
+            compute:float, # Seconds of the loop's own work a batch
+            k:int, # Loader worker processes
+            n_cores:int, # CPU cores the main process and the workers share
+            share:float=1., # Of the loader's work, the share that needs a core; the rest it waits (storage, sleeps)
+           ) -> float:
+    "Predicted train iteration with `k` loader workers (0: the loop loads each batch itself); a worker's batch costs `HANDOFF` more"
+    if k == 0: return load + compute
+    return max(compute, (load + HANDOFF)/k, (share*load + HANDOFF + compute)/max(n_cores, 1))
+
+def best_case(table:pd.DataFrame, # A profile's stage rows (`stage_table`)
+              waits:dict, # Each loop's steady batches' waits and iterations: `waits_of(learn.profile_result)`
+              n_cores:int|None=None, # CPU cores to predict for (default: this process's, `cores()`)
+              confidence:float=0.95, # Of the intervals
+             ) -> dict:
+    "`{'train': {...}}`: the train loop with a free loader (its mean iteration, interval and speed-up bound) and the loader workers that would keep up; `{}` without per-batch rows"
+    train = str(Phase.TRAIN)
+    got = waits.get(train)
+    if got is None or len(got[1]) < 3: return {}
+    wait, it = got
+    free = it - wait  # each batch as if it had been ready when the loop asked
+    r, lo, hi = paired_ratio(it, free, confidence, WHAT_IF_BLOCKS)
+    fm, blocks = float(free.mean()), block_means(free, WHAT_IF_BLOCKS)
+    flo, fhi = (interval(fm, float(blocks.std(ddof=1))/(math.sqrt(len(blocks))*fm), confidence, len(blocks) - 1)
+                if fm > 0 and len(blocks) > 1 else (math.nan, math.nan))
+    out = dict(batches=int(it.size), measured=float(it.mean()), wait=float(wait.mean()), free=fm, free_low=flo, free_high=fhi,
+               speedup=r, speedup_low=lo, speedup_high=hi, confidence=confidence)
+    made = table.attrs.get('batches', {}).get(train, {})
+    if sum(made.values()):
+        workers, merged = stage_place(made)
+        df = table[table.Phase == train]
+        load, share, n = making_time(df, merged)/sum(made.values()), compute_share(df, merged), n_cores or cores()
+        s, k = (share if share == share else 1.), len(workers)
+        need = next((j for j in range(1, MAX_WORKERS + 1) if keep_up(load, fm, j, n, s) <= fm/(1 - READY)), None)
+        out.update(load=load, workers=k, share=share, cores=n, alone=keep_up(load, 0., k, n, s), needed=need,
+                   needed_iteration=keep_up(load, fm, need, n, s) if need else math.nan)
+    return {train: out}
+
+def best_line(b:dict) -> str:
+    "The train loop's best case (`best_case`) in words"
+    ci = f' ({b["confidence"]:.0%} CI {format_duration(b["free_low"])} to {format_duration(b["free_high"])})' if b['free_low'] == b['free_low'] else ''
+    t = (f'with a free loader the train iteration would take {format_duration(b["free"])}{ci} instead of {format_duration(b["measured"])}: '
+         f'at most {b["speedup"]:.2f}× faster (means of the {b["batches"]:,} steady batches, each less its wait for the loader)')
+    if 'load' not in b: return t + '.'
+    where = f'in {_plural(b["workers"], "worker")} side by side' if b['workers'] else 'in the main process'
+    t += f'. The loader makes a batch in {format_duration(b["load"])} of work ({where}: a batch every {format_duration(b["alone"])})'
+    if b['needed'] is None:
+        return t + (f'; no number of workers up to {MAX_WORKERS} would keep up on {_plural(b["cores"], "core")}: the loader needs a core '
+                    f'{min(b["share"], 1) if b["share"] == b["share"] else 1:.0%} of its time, and the cores bound it.')
+    has = f', the run has {b["workers"]}' if b['needed'] <= b['workers'] else ''
+    return (t + f'; {_plural(b["needed"], "worker")} would keep up on {_plural(b["cores"], "core")}{has} (predicted '
+            f'{format_duration(b["needed_iteration"])} a batch, the wait under {READY:.0%} of it).')
+
 # %% ../nbs/34_stages.ipynb #35668e53
 class StageWatch(Relay):
     "In the chain of marks: watches the loader of each train and valid loop (`watch_stages`), and files each batch's `after_batch` times as it starts"
@@ -437,7 +517,11 @@ class Stages(Feature):
             self.why = f'no loader it can watch was iterated ({watch.unseen or "none"}): the stages are timed for fastai DataLoaders and PyTorch DataLoaders over map-style datasets'
             return None
         times = watch.times
-        return Later(lambda result: stage_table(times, queue_of(result)))  # the queue is read from the profile's rows
+        def table(result):  # the queue and the best case are read from the profile's per-batch rows
+            t = stage_table(times, queue_of(result))
+            t.attrs['best'] = best_case(t, waits_of(result))
+            return t
+        return Later(table)
     def text(self, table, result): return stage_text(table) if isinstance(table, pd.DataFrame) else ''
     def tables(self, table): return {'stages': table} if isinstance(table, pd.DataFrame) else {}
     def review(self, advice, table, result):
@@ -450,7 +534,8 @@ class Stages(Feature):
         if not isinstance(table, pd.DataFrame): return None
         nan_free = lambda d: {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}  # JSON has no NaN
         return dict(rows=[nan_free(r) for r in table.to_dict('records')], batches=table.attrs.get('batches', {}),
-                    queue={p: nan_free(q) for p, q in table.attrs.get('queue', {}).items()})
+                    queue={p: nan_free(q) for p, q in table.attrs.get('queue', {}).items()},
+                    best={p: nan_free(b) for p, b in table.attrs.get('best', {}).items()})
 
 # %% ../nbs/34_stages.ipynb #d605b019
 PLACE_COLORS = {'workers': '#4c72b0', 'main': '#dd8452'}  # `plot_stages`: a stage made in the workers, or in the main process
@@ -467,7 +552,7 @@ def plot_stages(table:pd.DataFrame, # The stage rows of a profile: `learn.profil
     n = sum(made.values())
     if not n: raise ValueError(f'no {phase} batch was seen being made (workers that persist, `persistent_workers=True`, are not watched)')
     workers, merged = stage_place(made)
-    rows = df[((df.Where == merged) | ((df.Where == 'main') & (df.Per == PER_BATCH))) & ~df.Stage.isin(['item', FIRST, 'cpu'])]
+    rows = shown_rows(df, merged).query("Stage != 'item'")
     per = rows['Total Time'].to_numpy(dtype=float)/n  # seconds per batch made
     place = ['workers' if w != 'main' else 'main' for w in rows.Where]
     fig, ax = new_axes(ax, (10, 2.2 + 0.32*len(rows)))
