@@ -1044,6 +1044,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'fastxtend_prof.stages.stage_label': ('stages.html#stage_label', 'fastxtend_prof/stages.py'),
                                        'fastxtend_prof.stages.stage_table': ('stages.html#stage_table', 'fastxtend_prof/stages.py'),
                                        'fastxtend_prof.stages.stage_text': ('stages.html#stage_text', 'fastxtend_prof/stages.py'),
+                                       'fastxtend_prof.stages.stage_tip': ('stages.html#stage_tip', 'fastxtend_prof/stages.py'),
                                        'fastxtend_prof.stages.start_line': ('stages.html#start_line', 'fastxtend_prof/stages.py'),
                                        'fastxtend_prof.stages.tfm_name': ('stages.html#tfm_name', 'fastxtend_prof/stages.py'),
                                        'fastxtend_prof.stages.torch_watchable': ('stages.html#torch_watchable', 'fastxtend_prof/stages.py'),

@@ -7,8 +7,8 @@ __all__ = ['CLOCK', 'SCHEDSTAT', 'KINDS', 'ITEM_KINDS', 'PER_ITEM', 'PER_BATCH',
            'WAITING', 'STAGE_TIPS', 'HANDOFF', 'MAX_WORKERS', 'PLACE_COLORS', 'Timed', 'StageLog', 'cpu_demand',
            'tfm_name', 'watch_stages', 'torch_watchable', 'watch_torch_stages', 'StageTimes', 'stage_label',
            'stage_table', 'waits_of', 'queue_of', 'making_time', 'compute_share', 'work_line', 'queue_line',
-           'start_line', 'shown_rows', 'stage_text', 'stage_advice', 'cores', 'keep_up', 'best_case', 'best_line',
-           'StageWatch', 'Stages', 'plot_stages']
+           'start_line', 'shown_rows', 'stage_text', 'stage_tip', 'stage_advice', 'cores', 'keep_up', 'best_case',
+           'best_line', 'StageWatch', 'Stages', 'plot_stages']
 
 # %% ../nbs/34_stages.ipynb #0b647374
 import collections, contextlib, functools, math, os, sys, time, types
@@ -371,7 +371,7 @@ def stage_text(table:pd.DataFrame, width:int|None=None) -> str:
 
 # %% ../nbs/34_stages.ipynb #acc652fa
 STAGE_TIPS = (  # (what the stage is, whether a stage `(kind, name)` is one, what to do): the first that matches
-    ('decoding', lambda kind, name: kind in ('x', 'fetch') and any(w in name.lower() for w in ('pil', 'decode', 'open', 'read', 'load', 'image')),
+    ('decoding', lambda kind, name: kind in ('x', 'fetch') and any(w in name.lower() for w in ('pil', 'decode', 'open', 'imread', 'load', 'image')),
      "decode less: resize the images once, ahead of training (fastai's `resize_images`), or decode with a faster library; "
      'with idle cores, more workers'),
     ('tokenisation', lambda kind, name: any(w in name.lower() for w in ('token', 'numericaliz', 'spacy')),
@@ -384,6 +384,11 @@ STAGE_TIPS = (  # (what the stage is, whether a stage `(kind, name)` is one, wha
     ('collation', lambda kind, name: kind in ('collate', 'before_batch'),
      'collate less: items as tensors or arrays rather than Python objects, or a `create_batch` of your own'),
 )
+
+def stage_tip(stage:str) -> tuple:
+    "`(what, tip)` for a stage row's name (`STAGE_TIPS`): what the stage is, in words ('' when none matches), and what to do about it"
+    kind, _, name = stage.partition(': ')
+    return next(((w, tip) for w, match, tip in STAGE_TIPS if match(kind, name)), ('', 'make it cheaper'))
 
 def stage_advice(table:pd.DataFrame, result, severity:str='warning') -> Advice|None:
     "The train loader's costliest stage per batch made, what it is and what to do, with the train iteration predicted without it; None without train stages or a split draw"
@@ -400,8 +405,7 @@ def stage_advice(table:pd.DataFrame, result, severity:str='warning') -> Advice|N
     if not len(df) or not n or wait != wait: return None
     per_batch = df.set_index('Stage')['Total Time']/n  # seconds per batch made, each part of the loader's work counted once
     stage, t, loader = per_batch.idxmax(), float(per_batch.max()), float(per_batch.sum())
-    kind, _, name = stage.partition(': ')
-    what, tip = next(((w, tip) for w, match, tip in STAGE_TIPS if match(kind, name)), ('', 'make it cheaper'))
+    what, tip = stage_tip(stage)
     without = it - min(wait, t/max(len(workers), 1))
     made_in = f'{_plural(len(workers), "worker")} side by side' if workers else 'the main process'
     ev = dict(stage=stage, stage_s_per_batch=t, loader_s_per_batch=loader, share=t/loader if loader > 0 else math.nan,

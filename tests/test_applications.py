@@ -263,6 +263,12 @@ def test_text_classifier(num_workers):
                                        config=dict(emb_sz=32, n_hid=64, n_layers=2))
     learn = assert_unchanged(build, lambda l: l.fit(1, 1e-2))
     assert_report(learn)
+    # the stages name the text pipeline's tokenisation, which the stage advice tells apart (tokenise once, ahead)
+    from fastxtend_prof.stages import stage_tip
+    st = learn.profile_result.payload('stages')
+    names = set(st[st.Phase == 'train'].Stage)
+    assert {'x: Tokenizer', 'x: Numericalize', 'before_batch: Pad_Chunk'} <= names, names
+    assert [stage_tip(s)[0] for s in ('x: Tokenizer', 'x: Numericalize', 'x: ColReader')] == ['tokenisation', 'tokenisation', 'a per-item transform']
 
 # ----------------------------------------------------------------------------------------------------------- collab
 def ratings(n=2000, seed=0):
