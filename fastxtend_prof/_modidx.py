@@ -1203,6 +1203,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'fastxtend_prof.tune._verdict': ('tune.html#_verdict', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune.blocked': ('tune.html#blocked', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune.bound_by': ('tune.html#bound_by', 'fastxtend_prof/tune.py'),
+                                     'fastxtend_prof.tune.loader_wait': ('tune.html#loader_wait', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune.plan': ('tune.html#plan', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune.predict_workers': ('tune.html#predict_workers', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune.probe_loader': ('tune.html#probe_loader', 'fastxtend_prof/tune.py'),

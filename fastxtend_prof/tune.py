@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['TARGET_SHARE', 'MIN_PREDICTED', 'KNEE', 'OVERSUBSCRIBE', 'PROBE_BATCHES', 'PROBE_TIME', 'SAVES', 'CHANGES', 'SETTERS',
-           'TRIAL_COLS', 'KEEP', 'steady_times', 'predict_workers', 'Fix', 'tune_context', 'plan', 'bound_by',
-           'LearnerState', 'set_num_workers', 'set_pin_memory', 'set_transforms_device', 'set_optimizer_flag',
-           'set_channels_last', 'set_mixed_precision', 'set_batch_size', 'probe_loader', 'TrialEnd', 'set_aside',
-           'run_trial', 'without_last', 'blocked', 'SpeedResult']
+           'TRIAL_COLS', 'KEEP', 'steady_times', 'predict_workers', 'loader_wait', 'Fix', 'tune_context', 'plan',
+           'bound_by', 'LearnerState', 'set_num_workers', 'set_pin_memory', 'set_transforms_device',
+           'set_optimizer_flag', 'set_channels_last', 'set_mixed_precision', 'set_batch_size', 'probe_loader',
+           'TrialEnd', 'set_aside', 'run_trial', 'without_last', 'blocked', 'SpeedResult']
 
 # %% ../nbs/17_tune.ipynb #298c8c3a
 import copy, gc, math, random, textwrap, time
@@ -53,11 +53,18 @@ def predict_workers(wait:float, # Median seconds a batch waits for the loader no
                     k:int, # Loader worker processes to predict for
                     n_cores:int, # CPU cores the main process and the workers share
                     share:float=1., # Of the loading time, the share that needs a core (`probe_loader`); the rest it waits (storage, sleeps)
+                    load:float|None=None, # One process's loading time a batch where it was measured (`probe_loader`), for `k0` > 0
                    ) -> float:
     "Predicted median train iteration with `k` loader workers, from the `wait` and `iteration` measured with `k0`; a worker's batch costs `HANDOFF` more"
     compute = max(iteration - wait, 0.)  # the main process's own work per batch
-    load = wait if k0 == 0 else k0*iteration - HANDOFF  # one process's loading time per batch (with k0 workers that can't keep up)
+    if k0 == 0: load = wait  # the loop loads each batch itself
+    elif load is None or load != load: load = k0*iteration - HANDOFF  # k0 workers that can't keep up each take k0 iterations a batch
     return keep_up(load, compute, k, n_cores, share)
+
+def loader_wait(times:dict) -> float:
+    "Of the train iteration of `times` (`steady_times`), the share the loop waited for its loader (the draw, where it was not split)"
+    it = times.get(Step.ITERATION, 0.)
+    return times.get(Step.WAIT, times.get(Step.DRAW, 0.))/it if it > 0 else 0.
 
 # %% ../nbs/17_tune.ipynb #42a44436
 @dataclass
@@ -106,18 +113,22 @@ def plan(times:dict, # `steady_times` of the configuration to improve on
     share = lambda *steps: sum(times.get(s, 0.) for s in steps)/it
     fixes, notes, accel = [], [], ctx['device'] != 'cpu'
     wait = times.get(Step.WAIT, times.get(Step.DRAW, 0.))
-    if 'num_workers' not in done and wait/it >= TARGET_SHARE:
-        k0, n, s = ctx['num_workers'], ctx['cores'], ctx.get('loader_share', math.nan)
+    if 'num_workers' not in done and loader_wait(times) >= TARGET_SHARE:
+        k0, n, s, load = ctx['num_workers'], ctx['cores'], ctx.get('loader_share', math.nan), ctx.get('loader_batch', math.nan)
         waits = s == s and s < WAITING  # a loader that mostly waits: more workers than cores can help
         top = min(max(n, min(OVERSUBSCRIBE*n, math.floor(n/max(s, 1e-9)))) if waits else n, ctx['n_batches'])
-        ks = [k for k in sorted({2**i for i in range(12) if 2**i <= top} | {top}) if k > (k0 or 0)]
+        ks = list(range((k0 or 0) + 1, top + 1))  # every count: the knee picks the fewest within `KNEE` of the best prediction
         alone = f'the loader alone computes {s:.0%} of its time' if s == s else ''
         if not ctx['fastai_loader']: notes.append('num_workers: the train loader is not a fastai DataLoader')
+        elif k0 and load == load and (load + HANDOFF)/k0 <= (1 - TARGET_SHARE)*it:  # the workers are ahead of the loop already
+            notes.append(f'num_workers: the {k0} workers already make a batch every {format_duration((load + HANDOFF)/k0)} (the loader alone took '
+                         f'{format_duration(load)} a batch), ahead of the loop\'s {format_duration(it)}: the wait left ({wait/it:.0%}) is the hand-over, '
+                         'which more workers do not shorten')
         elif not ks and waits:
             notes.append(f"num_workers: already {k0}, as many as the machine's {n} cores can keep busy with a loader that waits ({alone}; at most {OVERSUBSCRIBE} workers a core, or the loader's {ctx['n_batches']} batches)")
         elif not ks: notes.append(f"num_workers: already {k0}, as many as the machine's {n} cores (or the loader's {ctx['n_batches']} batches) allow" + (f'; {alone}' if alone else ''))
         else:
-            pred = {k: predict_workers(wait, it, k0, k, n, s if waits else 1.) for k in ks}
+            pred = {k: predict_workers(wait, it, k0, k, n, s if waits else 1., load) for k in ks}
             k = next(k for k in ks if pred[k] <= KNEE*min(pred.values()))
             more = f' and waits the rest, so more workers than the {n} cores can help' if waits else ''
             fixes.append(Fix('num_workers', k, Step.WAIT, pred[k], f"the loader's wait is {wait/it:.0%} of the iteration with num_workers={k0}"
@@ -294,8 +305,8 @@ SETTERS = dict(num_workers=set_num_workers, pin_memory=set_pin_memory, transform
 def probe_loader(learn, # A Learner whose train loader is a fastai `DataLoader`
                  batches:int=PROBE_BATCHES, # At most this many batches ...
                  max_time:float=PROBE_TIME, # ... or seconds (at least one batch)
-                ) -> float:
-    "Of the time the train loader of `learn`, alone without workers, took to make a few batches, the share its thread ran on a core or waited for one: under `stages.WAITING` it mostly waits"
+                ) -> tuple:
+    "`(share, seconds)`: the train loader of `learn` alone, without workers, for a few batches: the share of its time its thread ran on a core or waited for one (under `stages.WAITING` it mostly waits), and its seconds a batch"
     dl = learn.dls.train
     if not hasattr(dl, 'fake_l'): raise TypeError(f'`probe_loader` needs a fastai DataLoader, got {type(dl).__name__}')
     undo, n = set_num_workers(learn, 0), 0
@@ -308,7 +319,7 @@ def probe_loader(learn, # A Learner whose train loader is a fastai `DataLoader`
         cpu, wall = cpu_demand() - c0, time.perf_counter() - t0
         made.close()
     finally: undo()
-    return min(1., cpu/wall) if n and wall > 0 else math.nan
+    return (min(1., cpu/wall), wall/n) if n and wall > 0 else (math.nan, math.nan)
 
 # %% ../nbs/17_tune.ipynb #598af88d
 class TrialEnd(Callback):
@@ -525,10 +536,11 @@ def speed_find(self:Learner,
             used, best, bs0, done = warmup + batches + 1, start, ctx0['bs'] or 1, set()
             if m['Batches'] < 2: notes.append(f'the budget ({max_time:g} s) ran out during the first measurement: raise `max_time`')
             t = steady_times(start.results)
-            if m['Batches'] >= 2 and ctx0['fastai_loader'] and t.get(Step.WAIT, t.get(Step.DRAW, 0.)) >= TARGET_SHARE*t.get(Step.ITERATION, math.inf):
-                ctx0['loader_share'] = probe_loader(self, max_time=min(PROBE_TIME, max(0., deadline - time.monotonic())/10))  # does the loader compute, or wait?
+            if m['Batches'] >= 2 and ctx0['fastai_loader'] and loader_wait(t) >= TARGET_SHARE:  # does the loader compute, or wait? how long does it take alone?
+                ctx0['loader_share'], ctx0['loader_batch'] = probe_loader(self, max_time=min(PROBE_TIME, max(0., deadline - time.monotonic())/10))
             while m['Batches'] >= 2:
-                todo, why_not = plan(steady_times(best.results), {**tune_context(self), 'loader_share': ctx0.get('loader_share', math.nan)}, allow, done)
+                probe = {k: ctx0.get(k, math.nan) for k in ('loader_share', 'loader_batch')}
+                todo, why_not = plan(steady_times(best.results), {**tune_context(self), **probe}, allow, done)
                 if not todo:
                     notes += why_not
                     break
