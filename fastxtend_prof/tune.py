@@ -120,13 +120,13 @@ def plan(times:dict, # `steady_times` of the configuration to improve on
         ks = list(range((k0 or 0) + 1, top + 1))  # every count: the knee picks the fewest within `KNEE` of the best prediction
         alone = f'the loader alone computes {s:.0%} of its time' if s == s else ''
         if not ctx['fastai_loader']: notes.append('num_workers: the train loader is not a fastai DataLoader')
+        elif not ks and waits:
+            notes.append(f"num_workers: already {k0}, as many as the machine's {n} cores can keep busy with a loader that waits ({alone}; at most {OVERSUBSCRIBE} workers a core, or the loader's {ctx['n_batches']} batches)")
+        elif not ks: notes.append(f"num_workers: already {k0}, as many as the machine's {n} cores (or the loader's {ctx['n_batches']} batches) allow" + (f'; {alone}' if alone else ''))
         elif k0 and load == load and (load + HANDOFF)/k0 <= (1 - TARGET_SHARE)*it:  # the workers are ahead of the loop already
             notes.append(f'num_workers: the {k0} workers already make a batch every {format_duration((load + HANDOFF)/k0)} (the loader alone took '
                          f'{format_duration(load)} a batch), ahead of the loop\'s {format_duration(it)}: the wait left ({wait/it:.0%}) is the hand-over, '
                          'which more workers do not shorten')
-        elif not ks and waits:
-            notes.append(f"num_workers: already {k0}, as many as the machine's {n} cores can keep busy with a loader that waits ({alone}; at most {OVERSUBSCRIBE} workers a core, or the loader's {ctx['n_batches']} batches)")
-        elif not ks: notes.append(f"num_workers: already {k0}, as many as the machine's {n} cores (or the loader's {ctx['n_batches']} batches) allow" + (f'; {alone}' if alone else ''))
         else:
             pred = {k: predict_workers(wait, it, k0, k, n, s if waits else 1., load) for k in ks}
             k = next(k for k in ks if pred[k] <= KNEE*min(pred.values()))
