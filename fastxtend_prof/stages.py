@@ -286,10 +286,10 @@ def waits_of(result) -> dict:
         if ok.any(): out[str(phase)] = wait[ok], it[ok]
     return out
 
-def queue_of(result) -> dict:
-    "Per loop, from the profile's per-batch rows where they were kept: of the steady batches, how many the loop waited for (`READY`) and how long"
+def queue_of(result, waits:dict|None=None) -> dict:
+    "Per loop, from the profile's per-batch rows where they were kept (or their `waits_of`, read already): of the steady batches, how many the loop waited for (`READY`) and how long"
     out = {}
-    for phase, (wait, it) in waits_of(result).items():
+    for phase, (wait, it) in (waits_of(result) if waits is None else waits).items():
         bar = READY*float(np.median(it))
         late = wait[wait >= bar]
         out[phase] = dict(batches=int(it.size), waited=int(late.size), bar=bar, median_wait=float(np.median(late)) if late.size else 0.,
@@ -521,9 +521,10 @@ class Stages(Feature):
             self.why = f'no loader it can watch was iterated ({watch.unseen or "none"}): the stages are timed for fastai DataLoaders and PyTorch DataLoaders over map-style datasets'
             return None
         times = watch.times
-        def table(result):  # the queue and the best case are read from the profile's per-batch rows
-            t = stage_table(times, queue_of(result))
-            t.attrs['best'] = best_case(t, waits_of(result))
+        def table(result):  # the queue and the best case are read from the profile's per-batch rows, once
+            waits = waits_of(result)
+            t = stage_table(times, queue_of(result, waits))
+            t.attrs['best'] = best_case(t, waits)
             return t
         return Later(table)
     def text(self, table, result): return stage_text(table) if isinstance(table, pd.DataFrame) else ''
