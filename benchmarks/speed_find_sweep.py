@@ -13,7 +13,7 @@ speed_find chose, the share of the sweep's best throughput that choice reaches (
 time speed_find took against the sweep's (medians over the repeats). The issue's bar: at least 90% of the best
 throughput in at most a third of the sweep's time.
 
-    python benchmarks/speed_find_sweep.py                  # 1.5 ms items, bs 8, 1 ms compute, 0..8 workers, 3 repeats
+    python benchmarks/speed_find_sweep.py                  # 1.5 ms items, bs 8, 1 ms compute, 0..8 workers, 5 repeats
 """
 import argparse, math, sys, time, warnings
 from pathlib import Path
@@ -27,7 +27,7 @@ def main():
     p.add_argument('--bs', type=int, default=8)
     p.add_argument('--compute', type=float, default=1e-3, help="seconds of the model's forward (default: 1e-3)")
     p.add_argument('--max-workers', type=int, default=None, help='largest count of the sweep (default: 6, or 4 a core if more)')
-    p.add_argument('--repeats', type=int, default=3)
+    p.add_argument('--repeats', type=int, default=5)
     a = p.parse_args()
     import fastxtend_prof.all  # noqa: F401
     from fastxtend_prof.tune import run_trial, set_num_workers, cores, LearnerState, set_aside, OVERSUBSCRIBE, _measured
