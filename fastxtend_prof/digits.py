@@ -70,8 +70,8 @@ def print_epoch(learn, log):
 # %% ../nbs/32_digits.ipynb #77c31809
 def demo(epochs:int=2, bs:int=64, num_workers:int=2, slow_data:float=0., lr:float=3e-3, warmup:int=1,
          csv:str|None=None, plot:str|None=None, sync:str='auto', trace:str|None=None, progress:bool=True, show_report:bool=True,
-         device:str='auto', save_json:str|None=None):
-    "Profile `epochs` of a small CNN on scikit-learn's digits on `device`; `csv` saves the results, `plot` the chart, `trace` a torch trace, `save_json` the profile to compare"
+         device:str='auto', save_json:str|None=None, html:str|None=None):
+    "Profile `epochs` of a small CNN on scikit-learn's digits on `device`; `csv` saves the results, `plot` the chart, `trace` a torch trace, `save_json` the profile to compare, `html` the report page"
     learn = digits_learner(bs, num_workers, slow_data, device)
     if not progress:  # then fastai's Recorder prints each epoch through `learn.logger`
         learn.remove_cb(ProgressCallback)
@@ -79,6 +79,7 @@ def demo(epochs:int=2, bs:int=64, num_workers:int=2, slow_data:float=0., lr:floa
     kw = dict(save_csv=True, csv_name=Path(csv).absolute()) if csv else {}
     if plot: kw['plot'] = Path(plot).absolute()
     if save_json: kw['save_json'] = Path(save_json).absolute()
+    if html: kw['html'] = Path(html).absolute()
     if trace: kw['trace'] = dict(path=Path(trace).absolute())
     learn.profile(show_report=show_report, plain=True, warmup=warmup, sync=sync, **kw)
     learn.fit_one_cycle(epochs, lr)

@@ -47,8 +47,11 @@ def _check_options(opts:dict, kinds:dict):
     for n, v in opts.items():
         if kinds.get(n) is bool: _check_bool(n, v)
     _check_name('csv_name', opts['csv_name'])
-    for n in ('save_json', 'plot'):
+    for n in ('save_json', 'plot', 'html'):
         if not isinstance(opts[n], bool): _check_name(n, opts[n], 'True, False, or the file name to write')
+    if opts['html'] is not False:
+        from fastxtend_prof.page import _plotly
+        _plotly()  # an ImportError saying what to install, now rather than after training
     check_log_every(opts['log_every'])
     if opts['sync'] not in SYNC_MODES: raise ValueError(f'`sync` must be one of {", ".join(map(repr, SYNC_MODES))}, got {opts["sync"]!r}')
     check_int('warmup', opts['warmup'], 0, 'leading batches per epoch left out of the statistics')
@@ -181,6 +184,7 @@ class SimpleProfilerCallback(_ProfilerPair):
         log_every:int=10, # Train batches between live logs (rolling means over that window)
         save_json:bool|str=False, # Save the results and run metadata as JSON: True to `learn.path/simple_profile.json`, or a file name there
         plot:bool|str=False, # Save the breakdown chart: True to `learn.path/simple_profile.png`, or a file name there
+        html:bool|str=False, # Save the report page (one HTML file that opens offline): True to `learn.path/simple_profile.html`, or a file name there
         features:bool=True, # Run the features: the default ones and those named (False: none, timings only)
         **options, # Each feature by its name: True, False, a dict of its options (`memory`, `flops`, `trace`, `live`, `arrivals`, `baseline`, `observers`)
     ):
@@ -222,6 +226,7 @@ class SimpleProfilerCallback(_ProfilerPair):
         if self.save_csv: out['csv_name'] = at(self.csv_name, 'simple_profile.csv')
         if self.save_json: out['save_json'] = at(name(self.save_json, 'simple_profile.json'), 'simple_profile.json')
         if self.plot: out['plot'] = at(name(self.plot, 'simple_profile.png'), 'simple_profile.png')
+        if self.html: out['html'] = at(name(self.html, 'simple_profile.html'), 'simple_profile.html')
         for f in self.features: out.update(f.files(path))
         return out
 
@@ -362,9 +367,14 @@ def _save_files(self:SimpleProfilerCallback, learn, r:ProfileResult):
                 at = out['csv_name'].with_name(f"{out['csv_name'].stem}_{name}.csv")
                 saved.append((name, _write(save_results, df, at, f'{name} CSV')))
     if 'save_json' in out:
+        from fastxtend_prof.page import report_words
         mine = profile_of(learn)  # this fit's metadata and per-step distributions, as a comparison reads them
-        saved.append(('JSON', _write(lambda df, p: save_json(df, p, mine.metadata, encode_distributions(mine.distributions)), r.to_save(), out['save_json'], 'JSON')))
+        meta = {**mine.metadata, 'report': report_words(r)}  # the advice and lines too, for a page made from the file later
+        saved.append(('JSON', _write(lambda df, p: save_json(df, p, meta, encode_distributions(mine.distributions)), r.to_save(), out['save_json'], 'JSON')))
     if 'plot' in out: saved.append(('chart', save_plots(learn, out['plot'])))
+    if 'html' in out:
+        from fastxtend_prof.page import save_html
+        saved.append(('page', _write(lambda df, p: save_html(learn, p), None, out['html'], 'HTML page')))
     return saved
 
 def _write(fn, results, path, what):

@@ -34,6 +34,13 @@ fi
 
 echo "== nbdev-test: the docs notebooks (at ${SECONDS} s)"
 "$VENV/bin/nbdev-test" --n-workers 2
+# The report page's tests open it in headless Chromium (tests/test_page.py): Debian's package, installed here when it is
+# missing and this runs as root with apt-get, as on CI's machines; elsewhere those tests skip and say why.
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "== installing chromium for the report page's browser tests (at ${SECONDS} s)"
+  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+    || echo "(chromium could not be installed: the browser tests will skip)"
+fi
 echo "== pytest (at ${SECONDS} s)"
 # Several test processes (pytest-xdist), each test file whole in one of them, the longest files first (tests/conftest.py
 # orders them; --no-loadscope-reorder keeps that order): one more than the cores, at least 3 and at most 6

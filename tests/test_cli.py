@@ -42,7 +42,7 @@ def test_help_lists_every_option(tmp_path):
                     '--save-json', '--no-progress'):
             assert opt in p.stdout, (args, opt)
     top = ' '.join(run('--help', cwd=tmp_path).stdout.split())
-    assert '{demo,compare,tune,run}' in top and 'run SCRIPT [args...] or run -m MODULE [args...]' in top, top
+    assert '{demo,compare,tune,report,run}' in top and 'run SCRIPT [args...] or run -m MODULE [args...]' in top, top
 
 LIGHT = """import sys, contextlib, io
 from fastxtend_prof.cli import main
