@@ -109,8 +109,8 @@ class Browser:
     def __enter__(self): return self
     def __exit__(self, *a): self.close()
 
-def distinct_colours(png:bytes) -> int:
-    "How many distinct colours a PNG holds (a blank page: one or two)"
+def distinct_colours(png:bytes) -> tuple:
+    "How many distinct colours a PNG holds (a blank page: one or two), and how many of its pixels are coloured, not grey"
     import numpy as np, matplotlib.image as mpimg
     a = (mpimg.imread(io.BytesIO(png), format='png')[..., :3]*255).astype('uint8').reshape(-1, 3)
-    return len(np.unique(a, axis=0))
+    return len(np.unique(a, axis=0)), int(((a.max(1).astype(int) - a.min(1)) > 64).sum())
