@@ -560,6 +560,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'fastxtend_prof.page.overview_figure': ('page.html#overview_figure', 'fastxtend_prof/page.py'),
                                      'fastxtend_prof.page.page_source': ('page.html#page_source', 'fastxtend_prof/page.py'),
                                      'fastxtend_prof.page.profile_page': ('page.html#profile_page', 'fastxtend_prof/page.py'),
+                                     'fastxtend_prof.page.rank_summary': ('page.html#rank_summary', 'fastxtend_prof/page.py'),
                                      'fastxtend_prof.page.report_words': ('page.html#report_words', 'fastxtend_prof/page.py'),
                                      'fastxtend_prof.page.save_html': ('page.html#save_html', 'fastxtend_prof/page.py'),
                                      'fastxtend_prof.page.timeline_figure': ('page.html#timeline_figure', 'fastxtend_prof/page.py'),

@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['MAX_POINTS', 'PANELS', 'TIMELINE_STEPS', 'STACKS', 'esc', 'downsample', 'overview_figure', 'timeline_series',
-           'timeline_figure', 'distribution_figure', 'PageSource', 'page_source', 'report_words', 'profile_page',
-           'save_html']
+           'timeline_figure', 'distribution_figure', 'PageSource', 'page_source', 'report_words', 'rank_summary',
+           'profile_page', 'save_html']
 
 # %% ../nbs/35_page.ipynb #b654f9d3
 import html as _html, json
@@ -165,6 +165,18 @@ def report_words(r) -> dict:
     "The report's title, advice and feature lines of `r` (a `ProfileResult`), for the JSON file: a page made from it later shows them"
     return dict(title=r.title, advice=[str(a) for a in r.advice], lines=list(r.lines()))
 
+# %% ../nbs/35_page.ipynb #354fb0dc
+def rank_summary(ranks:pd.DataFrame, # Per-rank results of a distributed fit (`ProfileResult.rank_results`), with a `Rank` column
+                 phase:Phase=Phase.TRAIN, # The phase whose steps to compare
+                 col:str='Median Duration', # The statistic to compare
+                ) -> pd.DataFrame:
+    "One row a rank of `ranks`: each `phase` step's `col`, the steps in the report's order, to see which rank differs"
+    t = ranks[ranks.Phase == str(phase)]
+    steps = list(dict.fromkeys(t.Step))
+    out = t.pivot_table(index='Rank', columns='Step', values=col, aggfunc='first')[steps]
+    out.columns = [f'{s} ({col})' for s in steps]
+    return out.reset_index()
+
 # %% ../nbs/35_page.ipynb #9d348b47
 _CSS = """body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:0 auto;max-width:1200px;padding:0 16px 40px;color:#222}
 h1{font-size:1.5em} h2{font-size:1.2em;border-bottom:1px solid #ddd;padding-bottom:4px;margin-top:28px}
@@ -223,7 +235,11 @@ def profile_page(source, # A Learner after a profiled fit, a JSON file from `lea
     dists = _figure(distribution_figure(prof), 'distribution-chart') + '<p class="note">Box: 25th to 75th percentile with the median; whiskers: 1st and 99th percentiles.</p>'
     feats = _pre(src.lines) or '<p class="note">No feature lines (FLOPs, memory, stages) in this profile.</p>'
     feats += ''.join(f'<h3>{esc(name)}</h3>' + _table(df, f'table-{esc(name)}') for name, df in src.tables.items())
-    ranks = _table(src.ranks, 'ranks-table') if src.ranks is not None else '<p class="note">A single process: no ranks.</p>'
+    if src.ranks is not None:
+        ranks = ('<p class="note">The median of each train step, rank by rank:</p>' + _table(rank_summary(src.ranks), 'rank-summary')
+                 + _pre([l for l in src.lines if 'rank' in l.lower()])
+                 + '<details><summary>every rank\'s report</summary>' + _table(src.ranks, 'ranks-table') + '</details>')
+    else: ranks = '<p class="note">A single process: no ranks.</p>'
     if baseline is not None:
         base = baseline if isinstance(baseline, PageSource) else page_source(baseline)
         cmp = compare_profiles(base.profile, prof)
