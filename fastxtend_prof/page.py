@@ -165,7 +165,7 @@ def report_words(r) -> dict:
     "The report's title, advice and feature lines of `r` (a `ProfileResult`), for the JSON file: a page made from it later shows them"
     return dict(title=r.title, advice=[str(a) for a in r.advice], lines=list(r.lines()))
 
-# %% ../nbs/35_page.ipynb #354fb0dc
+# %% ../nbs/35_page.ipynb #09ed9741
 def rank_summary(ranks:pd.DataFrame, # Per-rank results of a distributed fit (`ProfileResult.rank_results`), with a `Rank` column
                  phase:Phase=Phase.TRAIN, # The phase whose steps to compare
                  col:str='Median Duration', # The statistic to compare
