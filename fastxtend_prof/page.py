@@ -51,7 +51,7 @@ def _number(v) -> bool: return isinstance(v, (int, float, np.number)) and not is
 
 def _shown(col:str, v) -> str:
     "A cell as people read it: durations with their unit, percentages, rates and counts rounded; the exact value sorts"
-    if v is None or (_number(v) is False and isinstance(v, float)): return ''
+    if v is None or (isinstance(v, float) and v != v): return ''  # missing, or NaN
     if not _number(v): return str(v)
     if 'Duration' in col or 'Time' in col: return format_duration(float(v))
     if 'Percent' in col or col.endswith('%'): return f'{v:.1f}%'
@@ -111,13 +111,13 @@ def timeline_figure(series:dict, n:int=MAX_POINTS):
         keep = downsample(y, n)
         cut |= len(keep) < len(y)
         x = np.arange(len(y))[keep]
-        custom = np.stack([b[keep], ep[keep] if ep is not None else np.full(len(keep), -1)], axis=1)
+        custom = lambda idx: np.stack([b[idx], ep[idx] if ep is not None else np.full(len(idx), -1)], axis=1)  # batch, epoch (-1: unknown)
         tip = 'batch %{customdata[0]}' + (', epoch %{customdata[1]}' if ep is not None else ' (steady batches)') + f'<br>{s}: %{{y:.3f}} ms<extra></extra>'
-        fig.add_scatter(x=x, y=y[keep]*1e3, customdata=custom, mode='lines+markers', marker_size=3, line_width=1, name=str(s), legendgroup=str(s),
+        fig.add_scatter(x=x, y=y[keep]*1e3, customdata=custom(keep), mode='lines+markers', marker_size=3, line_width=1, name=str(s), legendgroup=str(s),
                         hovertemplate=tip, visible=True if i < 2 else 'legendonly')
         if warm.any():
             w = np.flatnonzero(warm)
-            fig.add_scatter(x=w, y=y[w]*1e3, customdata=np.stack([b[w], ep[w] if ep is not None else np.full(len(w), -1)], axis=1), mode='markers',
+            fig.add_scatter(x=w, y=y[w]*1e3, customdata=custom(w), mode='markers',
                             marker=dict(symbol='x', size=8), name=f'{s}: warmup', legendgroup=str(s), showlegend=False, hovertemplate='warmup batch %{customdata[0]}, epoch %{customdata[1]}<br>%{y:.3f} ms<extra></extra>',
                             visible=True if i < 2 else 'legendonly')
     fig.update_layout(height=400, margin=dict(l=60, r=20, t=30, b=40), xaxis_title='train batch (in order)', yaxis_title='ms',
@@ -159,7 +159,8 @@ def page_source(x) -> PageSource:
     try: timeline = x.profile_timeline()
     except ValueError: timeline = None  # every batch folded into summaries (`keep_raw=False`)
     tables = {name: df for f in r.features for name, df in f.tables(r.payload(f.name)).items()}
-    return PageSource(profile_of(x), r.title, [str(a) for a in r.advice], list(r.lines()), tables, r.rank_results, timeline)
+    w = report_words(r)
+    return PageSource(profile_of(x), w['title'], w['advice'], w['lines'], tables, r.rank_results, timeline)
 
 def report_words(r) -> dict:
     "The report's title, advice and feature lines of `r` (a `ProfileResult`), for the JSON file: a page made from it later shows them"
