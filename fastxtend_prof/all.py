@@ -10,7 +10,8 @@ from . import events as _events
 _events.install()  # `before_draw` and the fit watch, registered with fastai (once: importing `events` did it)
 from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, ProfileMode
 from .result import ProfileResult
-from .report import format_report, show_report, report_text, format_duration, save_results, load_json
+from .report import format_report, show_report, report_text, format_duration, save_results
+from .saved import load_profile, save_profile, load_json
 from .plots import plot_profile, plot_timeline, timeline_frame
 from .advice import Advice, show_advice
 from .rules import advise, RULES
@@ -19,9 +20,9 @@ from .flops import measure_peak
 from .recorder import Relay
 from .features import Feature, register_feature
 from .loggers import Logger, register_logger
-from .compare import compare_profiles, show_comparison, plot_comparison, load_profile
+from .compare import compare_profiles, show_comparison, plot_comparison
 from .tune import SpeedResult  # and `Learner.speed_find`
 __all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'ProfileResult', 'ProfileMode', 'format_report', 'show_report',
            'report_text', 'format_duration', 'save_results', 'load_json', 'plot_profile', 'plot_timeline', 'timeline_frame',
            'Advice', 'advise', 'show_advice', 'RULES', 'what_if', 'measure_peak', 'Logger', 'register_logger', 'Relay', 'Feature',
-           'register_feature', 'compare_profiles', 'show_comparison', 'plot_comparison', 'load_profile', 'SpeedResult']
+           'register_feature', 'compare_profiles', 'show_comparison', 'plot_comparison', 'load_profile', 'save_profile', 'SpeedResult']

@@ -13,7 +13,7 @@ import itertools, math, time
 import numpy as np, pandas as pd
 import torch
 import torch.distributed as dist
-from .recorder import (Phase, Step, BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP,
+from .recorder import (Cols, Phase, Step, BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP,
                                      AFTER_STEP, PRE_AFTER_BATCH, POST_AFTER_BATCH, NEXT_DRAW, Relay, stats, check_int)
 from .report import format_duration, results_frame
 from .advice import Advice
@@ -122,8 +122,8 @@ def with_comm_wait(results:pd.DataFrame, arr:dict|None) -> pd.DataFrame:
     at = results.index[(results.Phase == Phase.TRAIN) & (results.Step == Step.BACKWARD)]
     if not len(at): return results
     st = stats(w)
-    fit = results[(results.Phase == Phase.FIT) & (results.Step == Step.FIT)]['Total Time']
-    st['Percent of Total'] = 100*st['Total Time']/fit.iloc[0] if len(fit) and fit.iloc[0] > 0 else math.nan
+    fit = results[(results.Phase == Phase.FIT) & (results.Step == Step.FIT)][Cols.TOTAL]
+    st[Cols.PERCENT] = 100*st[Cols.TOTAL]/fit.iloc[0] if len(fit) and fit.iloc[0] > 0 else math.nan
     i = results.index.get_loc(at[0]) + 1
     out = pd.concat([results.iloc[:i], results_frame([(Phase.TRAIN, Step.BACKWARD, Step.COMM_WAIT, st)]), results.iloc[i:]], ignore_index=True)
     return out.astype(results.dtypes.to_dict())
@@ -249,7 +249,7 @@ def drop_waiting(advice:list, table:pd.DataFrame|None, results:pd.DataFrame, ran
     "`advice` on `rank`'s `results` without the rules about a step that is at least half waiting for other ranks (`arrival_table`)"
     if table is None: return advice
     waited = table.attrs.get('waited_in', {}).get(rank, {})
-    train = results[results.Phase == Phase.TRAIN].set_index('Step')['Mean Duration']
+    train = results[results.Phase == Phase.TRAIN].set_index(Cols.STEP)[Cols.MEAN]
     from fastxtend_prof.rules import all_rules
     covers = {getattr(r, '__name__', ''): getattr(r, 'covers', ()) for r in all_rules()}
     def waiting(a):

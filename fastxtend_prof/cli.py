@@ -7,7 +7,6 @@ __all__ = ['RUN_HELP', 'demo_device', 'parser', 'compare_command', 'report_comma
 
 # %% ../nbs/10_cli.ipynb #168568d7
 import argparse, math, sys, time, warnings
-from pathlib import Path
 # fastai compiles a few layers with `torch.jit.script` as it is imported, which torch 2.14 deprecates with a FutureWarning:
 # nothing a user of this command can act on, and it would break the promise that a bad option costs one line of stderr
 warnings.filterwarnings('ignore', message=r'`torch\.jit\.script` is deprecated', category=FutureWarning)
@@ -61,13 +60,14 @@ def parser():
         q.add_argument('--plot', metavar='PATH', **dflt(None), help='save the breakdown chart to this PNG file')
         q.add_argument('--trace', metavar='PATH', nargs='?', const='profile_trace.json', **dflt(None),
                        help='run torch.profiler over a few train batches and write a Chrome/Perfetto trace (default: profile_trace.json)')
-        q.add_argument('--save-json', metavar='PATH', **dflt(None), help='save the profile as JSON, to compare with another run: fastxtend-prof compare A.json B.json')
+        q.add_argument('--save-json', metavar='PATH', **dflt(None), help='save the profile as JSON, to compare with another run: fastxtend-prof compare BASE.json NEW.json')
         q.add_argument('--html', metavar='PATH', **dflt(None), help='save the report page: one HTML file that opens offline in a browser')
         q.add_argument('--no-progress', action='store_true', **dflt(False), help="print one line per epoch (epoch, losses, metrics, time) instead of fastai's progress bar")
-    c = sub.add_parser('compare', help='compare two saved profiles (learn.profile(save_json=True)); exit 1 with --fail-if-slower when it tripped',
-                       description='Compare two profiles saved as JSON: per step, the change of the time per batch, its interval and a test; a verdict in words.')
-    c.add_argument('base', help='the baseline profile (JSON)')
-    c.add_argument('new', help='the profile to judge (JSON)')
+    c = sub.add_parser('compare', help='compare two saved profiles, BASE then NEW (learn.profile(save_json=True)); exit 1 with --fail-if-slower when it tripped',
+                       description='Compare two profiles saved as JSON, the baseline first: per step, the change of the time per batch, its interval and a test; '
+                                   'a verdict in words. Exit 0, or 1 when --fail-if-slower tripped; 2 with one line on stderr for bad input (a file that is not a run).')
+    c.add_argument('base', help='the baseline profile (JSON), the run before the change')
+    c.add_argument('new', help='the profile to judge (JSON), the run after it')
     c.add_argument('--fail-if-slower', type=_non_negative(float), metavar='PCT', help='exit 1 if --step got significantly slower by more than PCT percent')
     c.add_argument('--step', metavar='PHASE/STEP', help='the row --fail-if-slower reads, only with it (default: train/iteration)')
     c.add_argument('--alpha', type=_number(float, 1e-12, 'a number in (0, 1)'), default=ALPHA, help=f'significance level of the test (default: {ALPHA})')
@@ -88,10 +88,11 @@ def parser():
     t.add_argument('--plot', metavar='PATH', help='save the chart of the trials to this PNG file')
     r = sub.add_parser('report', help='write the report page of a saved profile (learn.profile(save_json=True)): one HTML file that opens offline',
                        description='Write one self-contained HTML page of a profile saved as JSON: the overview, the report table, timelines, '
-                                   'distributions, features, ranks and the run; with a baseline, the comparison too.')
+                                   'distributions, features, ranks and the run; with --baseline, its comparison with that run too. '
+                                   'Exit 0, or 2 with one line on stderr for bad input (a file that is not a run).')
     r.add_argument('profile', help='the profile (JSON)')
-    r.add_argument('baseline', nargs='?', help='a profile to compare it with (JSON)')
-    r.add_argument('-o', '--output', metavar='PATH', default='profile_report.html', help='the page to write (default: profile_report.html)')
+    r.add_argument('--baseline', metavar='BASE', help='a profile to compare it with, as `compare BASE PROFILE` does (JSON)')
+    r.add_argument('-o', '--output', metavar='PATH', default='profile_report.html', help="the page to write; missing folders are made (default: profile_report.html)")
     sub.add_parser('run', help=RUN_HELP, add_help=False)  # listed in --help; `main` dispatches `run ...` before parsing
     return p
 
@@ -101,9 +102,19 @@ def _error(command, message) -> int:
     return 2
 
 def _output(path, opt:str, default:str) -> str:
-    "Where `opt`'s file goes (a folder, or a path ending in '/', gets `default`), checked writable in a folder that exists: before training"
-    from fastxtend_prof.report import output_path, check_writable  # pandas, not torch
-    return str(check_writable(output_path(path, default), opt, create=False))
+    "Where `opt`'s file goes (a folder, or a path ending in '/', gets `default`; missing folders are made when it is written), checked writable: before training"
+    from fastxtend_prof.saved import output_path, check_writable  # pandas, not torch
+    return str(check_writable(output_path(path, default), opt))
+
+def _read(path, name:str):
+    "The run saved at `path`, read and checked before the tools' heavier imports (it needs pandas and numpy only); `name` names the argument in errors"
+    from fastxtend_prof.saved import as_profile
+    return as_profile(path, name)
+
+def _unexpected(e:Exception, *files) -> str:
+    "One line for an error the checks of the files did not foresee: a bug, named with the files that led to it (never a traceback)"
+    named = ', '.join(repr(str(f)) for f in files if f)
+    return f'{type(e).__name__} while reading {named}: {e} (a bug in fastxtend_prof: please report it with the file)'
 
 def compare_command(a) -> int:
     "`fastxtend-prof compare`: print the comparison; 0, or 1 when `--fail-if-slower` trips; 2 with one line on bad input"
@@ -112,11 +123,12 @@ def compare_command(a) -> int:
     step = a.step or 'train/iteration'
     try:
         plot = _output(a.plot, '--plot', 'profile_comparison.png') if a.plot else None
-        from fastxtend_prof.compare import as_profile, compare_profiles, show_comparison, slower_than, plot_comparison  # pandas and scipy, not torch
-        base, new = as_profile(a.base, 'base'), as_profile(a.new, 'new')
+        base, new = _read(a.base, 'base'), _read(a.new, 'new')
+        from fastxtend_prof.compare import compare_profiles, show_comparison, slower_than, plot_comparison  # scipy, not torch
         cmp = compare_profiles(base, new, alpha=a.alpha, min_change=a.min_change, min_share=a.min_share)
         tripped = slower_than(cmp, a.fail_if_slower, step) if a.fail_if_slower is not None else False
     except ValueError as e: return _error('compare', e)
+    except Exception as e: return _error('compare', _unexpected(e, a.base, a.new))
     show_comparison(cmp)
     if plot:
         plot_comparison(base, new, fname=plot)
@@ -136,12 +148,12 @@ def report_command(a) -> int:
     "`fastxtend-prof report`: the page of a saved profile (and its comparison with a baseline); 2 with one line on bad input"
     try:
         out = _output(a.output, '--output', 'profile_report.html')
-        from fastxtend_prof.compare import as_profile
-        from fastxtend_prof.page import save_html
-        prof, base = as_profile(a.profile, 'profile'), as_profile(a.baseline, 'baseline') if a.baseline else None
+        prof, base = _read(a.profile, 'profile'), _read(a.baseline, 'baseline') if a.baseline else None
+        from fastxtend_prof.page import save_html  # plotly
         t0 = time.perf_counter()
         path = save_html(prof, out, baseline=base)
     except (ValueError, ImportError) as e: return _error('report', e)
+    except Exception as e: return _error('report', _unexpected(e, a.profile, a.baseline))
     print(f'Saved: page {path} ({path.stat().st_size/1e6:.1f} MB in {time.perf_counter() - t0:.1f} s); open it in a browser')
     return 0
 
@@ -183,6 +195,8 @@ def main(argv=None):
         return autorun.main(argv[1:])
     a, extra = parser().parse_known_args(argv)
     if a.command == 'run': return _error(None, 'put `run` first: fastxtend-prof run SCRIPT [args...] or fastxtend-prof run -m MODULE [args...]')
+    if a.command == 'report' and extra and not extra[0].startswith('-'):
+        return _error('report', f'one profile, then the run to compare it with as --baseline: fastxtend-prof report {a.profile} --baseline {extra[0]}')
     if extra: return _error(a.command, f"unrecognized arguments: {' '.join(extra)}")  # one line, as for any other bad option
     if a.command == 'compare': return compare_command(a)
     if a.command == 'tune': return tune_command(a)

@@ -13,7 +13,7 @@ import itertools, math, os, pickle, time, warnings
 from dataclasses import dataclass, field
 import numpy as np, pandas as pd
 import torch.distributed as dist
-from .recorder import Phase, Step, TRAIN_PARTS, check_number
+from .recorder import Cols, Phase, Step, TRAIN_PARTS, check_number
 from .report import RESULT_COLS, KEY_COLS, format_report, format_duration
 from .advice import Advice
 
@@ -42,20 +42,20 @@ RANK_COLS = ('Rank Min', 'Rank Max', 'Slowest Rank')
 
 def _pool(g:pd.DataFrame, extra:list) -> dict:
     "One row of `merge_ranks` from the per-rank rows `g` of one (Phase, Action, Step)"
-    n = g['Number of Calls'].to_numpy(np.float64)
+    n = g[Cols.CALLS].to_numpy(np.float64)
     ran, N = n > 0, n.sum()  # a rank without calls of this row adds nothing to its statistics
     col = lambda c: g[c].to_numpy(np.float64)[ran]
     per_call = lambda c: float(n[ran] @ col(c))/N if N else math.nan
-    mean, total = per_call('Mean Duration'), float(g['Total Time'].mean())
-    ss = np.sum((n[ran] - 1)*np.nan_to_num(col('Duration Std Dev'))**2 + n[ran]*(col('Mean Duration') - mean)**2)
-    timed = g['Total Time'] > 0
-    samples = (g['Samples/Second'][timed]*g['Total Time'][timed]).sum(skipna=False)  # NaN if a rank did not count them
-    means = g['Mean Duration']
+    mean, total = per_call(Cols.MEAN), float(g[Cols.TOTAL].mean())
+    ss = np.sum((n[ran] - 1)*np.nan_to_num(col(Cols.STD))**2 + n[ran]*(col(Cols.MEAN) - mean)**2)
+    timed = g[Cols.TOTAL] > 0
+    samples = (g[Cols.RATE][timed]*g[Cols.TOTAL][timed]).sum(skipna=False)  # NaN if a rank did not count them
+    means = g[Cols.MEAN]
     lo, hi = means.min(), means.max()
-    return {'Mean Duration': mean, 'Duration Std Dev': math.sqrt(ss/(N - 1)) if N > 1 else math.nan,
-            **{c: per_call(c) for c in ('Median Duration', 'P90 Duration', 'P99 Duration')},
-            'Max Duration': g['Max Duration'].max(), 'Number of Calls': int(N),
-            'Samples/Second': samples/total if total > 0 else math.nan, 'Total Time': total,
+    return {Cols.MEAN: mean, Cols.STD: math.sqrt(ss/(N - 1)) if N > 1 else math.nan,
+            **{c: per_call(c) for c in (Cols.MEDIAN, Cols.P90, Cols.P99)},
+            Cols.MAX: g[Cols.MAX].max(), Cols.CALLS: int(N),
+            Cols.RATE: samples/total if total > 0 else math.nan, Cols.TOTAL: total,
             **{c: float(g[c].mean()) if 'Total' in c else float(g[c].max()) if c.startswith('Peak') else per_call(c) for c in extra},
             'Rank Min': lo, 'Rank Max': hi,
             'Slowest Rank': int(g['Rank'].iloc[int(np.argmax(means.fillna(-np.inf)))]) if hi > lo*(1 + 1e-9) else pd.NA}
@@ -66,9 +66,9 @@ def merge_ranks(ranks:pd.DataFrame) -> pd.DataFrame:
     keys = list(KEY_COLS)
     extra = [c for c in ranks.columns if c not in (*RESULT_COLS, 'Rank') and pd.api.types.is_numeric_dtype(ranks[c])]
     out = pd.DataFrame([dict(zip(keys, k), **_pool(g, extra)) for k, g in ranks.groupby(keys, sort=False)])
-    fit = out[(out.Phase == Phase.FIT) & (out.Step == Step.FIT)]['Total Time']
-    out['Percent of Total'] = 100*out['Total Time']/fit.iloc[0] if len(fit) and fit.iloc[0] > 0 else math.nan
-    return out.astype({'Number of Calls': 'int64', 'Slowest Rank': 'Int64'})[[*RESULT_COLS, *extra, *RANK_COLS]]
+    fit = out[(out.Phase == Phase.FIT) & (out.Step == Step.FIT)][Cols.TOTAL]
+    out[Cols.PERCENT] = 100*out[Cols.TOTAL]/fit.iloc[0] if len(fit) and fit.iloc[0] > 0 else math.nan
+    return out.astype({Cols.CALLS: 'int64', 'Slowest Rank': 'Int64'})[[*RESULT_COLS, *extra, *RANK_COLS]]
 
 # %% ../nbs/05_distributed.ipynb #55b024dc
 def format_merged(merged:pd.DataFrame) -> pd.DataFrame:
@@ -108,8 +108,8 @@ def straggler_tip(rank:int, step:str) -> str:
 def straggler_advice(rank_results:pd.DataFrame) -> list:
     "`Advice` naming each rank whose own work per train step is `STRAGGLER_RATIO` times the other ranks', with its slowest step"
     _check_results(rank_results, 'rank_results', extra=('Rank',))
-    t = rank_results[(rank_results.Phase == Phase.TRAIN) & rank_results.Step.isin([*TRAIN_PARTS, Step.BATCH]) & (rank_results['Number of Calls'] > 0)]
-    m = t.pivot_table(index='Rank', columns='Step', values='Mean Duration', aggfunc='mean')
+    t = rank_results[(rank_results.Phase == Phase.TRAIN) & rank_results.Step.isin([*TRAIN_PARTS, Step.BATCH]) & (rank_results[Cols.CALLS] > 0)]
+    m = t.pivot_table(index='Rank', columns=Cols.STEP, values=Cols.MEAN, aggfunc='mean')
     if len(m) < 2 or not {Step.DRAW, Step.BATCH} <= set(m.columns): return []
     step = m[[Step.DRAW, Step.BATCH]].sum(axis=1, min_count=2) + m.get(Step.OTHER, 0.)
     sync = [s for s in SYNC_STEPS if s in m.columns]

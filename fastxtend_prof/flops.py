@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils.flop_counter import flop_registry
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily  # loaded by `import torch` already
-from .recorder import AFTER_PRED, FLAGS, NO_BACKWARD, SAMPLES, TRACED, Phase, Relay, Step
+from .recorder import Cols, AFTER_PRED, FLAGS, NO_BACKWARD, SAMPLES, TRACED, Phase, Relay, Step
 from .report import text_width
 from .advice import Advice, fill_text
 from .events import train_device
@@ -618,7 +618,7 @@ def _row_flops(prof, tb) -> dict:
 
 def flop_stats(rec, prof:FlopProfile|None) -> pd.DataFrame:
     "One row per train step of `FLOP_STEPS` with `FLOP_COLS`, from `rec`'s steady batches and `prof`'s counts (empty without)"
-    cols = ['Phase', 'Step', *FLOP_COLS]
+    cols = [Cols.PHASE, Cols.STEP, *FLOP_COLS]
     if prof is None or not prof.counts: return pd.DataFrame(columns=cols)
     iv, tb = train_intervals(rec)
     out = []
@@ -653,7 +653,7 @@ def with_flops(results:pd.DataFrame, rec, prof:FlopProfile|None) -> pd.DataFrame
     if prof.measured_peak > 0 and fastest > prof.measured_peak:  # the fit beat the cached peak: it was measured while other work held the device
         prof.measured_peak = measure_peak(prof.device, prof.dtype, at_least=fastest)  # measured again now, the larger kept
         fs = flop_stats(rec, prof)
-    return results.merge(fs, on=['Phase', 'Step'], how='left').set_axis(results.index)
+    return results.merge(fs, on=[Cols.PHASE, Cols.STEP], how='left').set_axis(results.index)
 
 # %% ../nbs/18_flops.ipynb #ff171dd7
 def _flop(x:float) -> str:
@@ -724,10 +724,10 @@ def low_mfu(result, ctx:dict) -> list:
     "Forward and backward are `COMPUTE_SHARE` of the train iteration and one of them runs under `LOW_MFU` of the measured peak"
     results = result.results
     if 'MFU' not in results: return []
-    t = results[results.Phase == str(Phase.TRAIN)].set_index('Step')
+    t = results[results.Phase == str(Phase.TRAIN)].set_index(Cols.STEP)
     if not {str(Step.FORWARD), str(Step.BACKWARD), str(Step.ITERATION)} <= set(t.index): return []
-    it = float(t.at[str(Step.ITERATION), 'Mean Duration'])
-    share = (float(t.at[str(Step.FORWARD), 'Mean Duration']) + float(t.at[str(Step.BACKWARD), 'Mean Duration']))/it if it > 0 else 0.
+    it = float(t.at[str(Step.ITERATION), Cols.MEAN])
+    share = (float(t.at[str(Step.FORWARD), Cols.MEAN]) + float(t.at[str(Step.BACKWARD), Cols.MEAN]))/it if it > 0 else 0.
     mfu = {s: float(t.at[str(s), 'MFU']) for s in (Step.FORWARD, Step.BACKWARD)}
     low = [s for s, m in mfu.items() if m == m and m < LOW_MFU]
     if share < COMPUTE_SHARE or not low: return []

@@ -10,7 +10,7 @@ __all__ = ['WHAT_IF_BLOCKS', 'WHAT_IF_COLS', 'block_means', 'interval', 'paired_
 import math
 import numpy as np, pandas as pd
 from scipy import stats as sps
-from .recorder import DRAW_STEPS, TRAIN_PARTS, EventRecorder, Phase, Step, device_view, phase_intervals
+from .recorder import Cols, DRAW_STEPS, TRAIN_PARTS, EventRecorder, Phase, Step, device_view, phase_intervals
 from .report import format_duration
 
 # %% ../nbs/27_gains.ipynb #14dc1d46
@@ -60,7 +60,7 @@ def independent_ratio(new:tuple, base:tuple, # `(n, mean, variance)` of each sam
 
 # %% ../nbs/27_gains.ipynb #61e5c9eb
 WHAT_IF_BLOCKS = 30  # blocks of consecutive batches the interval is worked out from
-WHAT_IF_COLS = ('Step', 'Change', 'Mean', 'Share %', 'Speedup', 'Speedup Low', 'Speedup High')
+WHAT_IF_COLS = (Cols.STEP, 'Change', 'Mean', 'Share %', 'Speedup', 'Speedup Low', 'Speedup High')
 
 def amdahl(iteration:float, # Seconds of the iteration now
            step:float, # Seconds of it that a step takes now
@@ -92,7 +92,7 @@ def what_if(rec, # A profile's recorder, with per-batch rows
         cut = np.nan_to_num(cut[keep])
         if not cut.any(): return
         r, lo, hi = paired_ratio(it, it - cut, confidence, WHAT_IF_BLOCKS)
-        out.append({'Step': str(step), 'Change': change, 'Mean': float(cut.mean()), 'Share %': 100*float(cut.sum()/it.sum()),
+        out.append({Cols.STEP: str(step), 'Change': change, 'Mean': float(cut.mean()), 'Share %': 100*float(cut.sum()/it.sum()),
                     'Speedup': r, 'Speedup Low': lo, 'Speedup High': hi})
     steps = [s for s in (*DRAW_STEPS, *TRAIN_PARTS) if s in iv]
     if any(s in iv and np.isfinite(iv[s][0]).any() for s in DRAW_STEPS): steps.remove(Step.DRAW)  # its parts say more

@@ -11,7 +11,7 @@ __all__ = ['KNOWN_LOGGERS', 'SUMMARY_KEYS', 'Logger', 'LoggerEntry', 'register_l
 import math, sys, warnings
 from typing import Callable, NamedTuple
 import pandas as pd
-from .recorder import Phase, Step, TimingRecorder, check_int
+from .recorder import Cols, Phase, Step, TimingRecorder, check_int
 from .report import report_markdown
 from .features import FEATURES
 from .live import LIVE_KEYS, live_values
@@ -75,7 +75,7 @@ def check_log_every(log_every:int=10) -> int:
     return check_int('log_every', log_every, lo=1, why='train batches per live log')
 
 # %% ../nbs/06_loggers.ipynb #f1e1046b
-SUMMARY_KEYS = {'Mean Duration': 'mean_s', 'Samples/Second': 'samples_per_s'}  # column of the results: the key's end; each feature adds its `columns`
+SUMMARY_KEYS = {Cols.MEAN: 'mean_s', Cols.RATE: 'samples_per_s'}  # column of the results: the key's end; each feature adds its `columns`
 
 def summary_keys() -> dict:
     "`SUMMARY_KEYS` and every registered feature's columns (`Feature.columns`): `{column: key end}`"

@@ -13,7 +13,7 @@ import math, warnings
 from array import array
 from dataclasses import dataclass, field
 import numpy as np, pandas as pd, torch
-from .recorder import (draw_sources, AFTER_LOAD, AFTER_TFMS, BEFORE_BATCH, BEFORE_DRAW, BEFORE_TFMS, LOOP_STEPS, NEXT_DRAW, N_SLOTS,
+from .recorder import (Cols, draw_sources, AFTER_LOAD, AFTER_TFMS, BEFORE_BATCH, BEFORE_DRAW, BEFORE_TFMS, LOOP_STEPS, NEXT_DRAW, N_SLOTS,
     POST_AFTER_BATCH, STEP_SLOTS, TRAIN_STEPS, VALID_STEPS, Phase, Relay, Step, check_int)
 from .advice import Advice
 from .events import train_device
@@ -208,7 +208,7 @@ def memory_stats(prof:MemoryProfile|None) -> pd.DataFrame:
             if not len(ch): ch = change[seen & ~np.isnan(change)]
             out.append(dict(Phase=str(phase), Step=str(s), **{'Peak Memory': float(peak[seen].max()),
                             'Memory Change': float(ch.mean()) if len(ch) else math.nan, 'Memory Batches': int(seen.sum())}))
-    return pd.DataFrame(out, columns=['Phase', 'Step', *MEMORY_COLS])
+    return pd.DataFrame(out, columns=[Cols.PHASE, Cols.STEP, *MEMORY_COLS])
 
 # %% ../nbs/14_memory.ipynb #61ce5edb
 def format_bytes(n:float) -> str:
@@ -251,8 +251,8 @@ def make_memory(memory, device) -> tuple:
 def with_memory(results:pd.DataFrame, prof:MemoryProfile|None) -> pd.DataFrame:
     "`results` with `MEMORY_COLS` added per (Phase, Step) from `prof`, the fit's peak on its `fit` row; `results` itself without a profile"
     if prof is None: return results
-    ms = pd.concat([memory_stats(prof), pd.DataFrame([{'Phase': Phase.FIT, 'Step': Step.FIT, 'Peak Memory': float(prof.fit_peak)}])], ignore_index=True)
-    return results.merge(ms, on=['Phase', 'Step'], how='left').set_axis(results.index)
+    ms = pd.concat([memory_stats(prof), pd.DataFrame([{Cols.PHASE: Phase.FIT, Cols.STEP: Step.FIT, 'Peak Memory': float(prof.fit_peak)}])], ignore_index=True)
+    return results.merge(ms, on=[Cols.PHASE, Cols.STEP], how='left').set_axis(results.index)
 
 # %% ../nbs/14_memory.ipynb #b17b1188
 MEMORY_TARGET = 0.85  # of the device's memory a larger batch may fill: the rest is left for fragmentation and workspaces

@@ -4,17 +4,16 @@
 
 # %% auto #0
 __all__ = ['MAX_POINTS', 'PANELS', 'TIMELINE_STEPS', 'STACKS', 'esc', 'downsample', 'overview_figure', 'timeline_series',
-           'timeline_figure', 'distribution_figure', 'PageSource', 'page_source', 'report_words', 'rank_summary',
-           'profile_page', 'save_html']
+           'timeline_figure', 'distribution_figure', 'rank_summary', 'headline', 'profile_page', 'save_html']
 
 # %% ../nbs/35_page.ipynb #b654f9d3
 import html as _html, json
-from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, pandas as pd
-from .recorder import Phase, Step, StepSummary
-from .report import atomic_write_text, format_duration
-from .compare import SavedProfile, as_profile, profile_of, compare_profiles, format_comparison, comparison_verdict, _value
+from .recorder import DRAW_STEPS, Cols, Phase, Step, StepSummary
+from .report import format_duration
+from .saved import SavedProfile, as_profile, atomic_write_text
+from .compare import compare_profiles, format_comparison, comparison_verdict, _value
 
 # %% ../nbs/35_page.ipynb #465afb59
 MAX_POINTS = 4000  # a timeline's points per step at most: longer ones keep each bucket's shortest and longest batch
@@ -79,15 +78,15 @@ def overview_figure(results:pd.DataFrame):
     fig = go.Figure()
     for step in dict.fromkeys(s for steps in STACKS.values() for s in steps):
         xs = [str(p) for p, steps in STACKS.items() if step in steps]
-        ys = [_value(results, p, step, 'Total Time') for p, steps in STACKS.items() if step in steps]
+        ys = [_value(results, p, step, Cols.TOTAL) for p, steps in STACKS.items() if step in steps]
         if any(y == y and y > 0 for y in ys):
             fig.add_bar(y=xs, x=ys, name=str(step), orientation='h', hovertemplate=f'{step}: %{{x:.3f}} s<extra>%{{y}}</extra>')
     fig.update_layout(barmode='stack', height=280, margin=dict(l=60, r=20, t=30, b=40), xaxis_title='seconds', legend=dict(orientation='h', y=1.15))
     return fig
 
-def timeline_series(prof:SavedProfile, timeline:pd.DataFrame|None=None) -> dict:
-    "`{step: (seconds, epoch, batch, warmup)}` of each train step, batch by batch: from `learn.profile_timeline()`, or a profile's steady batches"
-    out = {}
+def timeline_series(prof:SavedProfile) -> dict:
+    "`{step: (seconds, epoch, batch, warmup)}` of each train step, batch by batch: from the run's timeline (in its process), else its steady batches"
+    out, timeline = {}, prof.timeline
     if timeline is not None and len(timeline):
         t = timeline[timeline.phase == str(Phase.TRAIN)]
         for s in TIMELINE_STEPS:
@@ -137,44 +136,15 @@ def distribution_figure(prof:SavedProfile):
     fig.update_layout(height=320, margin=dict(l=60, r=20, t=30, b=40), yaxis_title='ms', yaxis_type='log', showlegend=False)
     return fig
 
-# %% ../nbs/35_page.ipynb #eb1f3f22
-@dataclass
-class PageSource:
-    "What a page shows of one run: its profile and, where the run was in this process, its report's words and tables"
-    profile:SavedProfile # Results, metadata, per-step distributions
-    title:str='' # The report's title
-    advice:list|None=None # The advice, each as text (None: not known, as in a JSON file of an earlier version)
-    lines:list=field(default_factory=list) # The features' lines under the report (FLOPs, memory, stages, ranks, ...)
-    tables:dict=field(default_factory=dict) # The features' own tables (the loader stages), by name
-    ranks:pd.DataFrame|None=None # Per-rank results of a distributed fit
-    timeline:pd.DataFrame|None=None # `learn.profile_timeline()`: every batch with its epoch
-
-def page_source(x) -> PageSource:
-    "`x` (a Learner after a profiled fit, a JSON file from `learn.profile(save_json=True)`, or a `SavedProfile`) as a `PageSource`"
-    r = getattr(x, 'profile_result', None) if hasattr(x, 'fit') else None
-    if r is None:
-        prof = as_profile(x)
-        words = prof.metadata.get('report') or {}
-        return PageSource(prof, words.get('title', ''), words.get('advice'), list(words.get('lines', [])))
-    try: timeline = x.profile_timeline()
-    except ValueError: timeline = None  # every batch folded into summaries (`keep_raw=False`)
-    tables = {name: df for f in r.features for name, df in f.tables(r.payload(f.name)).items()}
-    w = report_words(r)
-    return PageSource(profile_of(x), w['title'], w['advice'], w['lines'], tables, r.rank_results, timeline)
-
-def report_words(r) -> dict:
-    "The report's title, advice and feature lines of `r` (a `ProfileResult`), for the JSON file: a page made from it later shows them"
-    return dict(title=r.title, advice=[str(a) for a in r.advice], lines=list(r.lines()))
-
 # %% ../nbs/35_page.ipynb #09ed9741
 def rank_summary(ranks:pd.DataFrame, # Per-rank results of a distributed fit (`ProfileResult.rank_results`), with a `Rank` column
                  phase:Phase=Phase.TRAIN, # The phase whose steps to compare
-                 col:str='Median Duration', # The statistic to compare
+                 col:str=Cols.MEDIAN, # The statistic to compare
                 ) -> pd.DataFrame:
     "One row a rank of `ranks`: each `phase` step's `col`, the steps in the report's order, to see which rank differs"
     t = ranks[ranks.Phase == str(phase)]
     steps = list(dict.fromkeys(t.Step))
-    out = t.pivot_table(index='Rank', columns='Step', values=col, aggfunc='first')[steps]
+    out = t.pivot_table(index='Rank', columns=Cols.STEP, values=col, aggfunc='first')[steps]
     out.columns = [f'{s} ({col})' for s in steps]
     return out.reset_index()
 
@@ -198,57 +168,61 @@ def _pre(lines) -> str: return f'<pre>{esc(chr(10).join(lines))}</pre>' if lines
 def _metadata_rows(meta:dict, prefix:str='') -> list:
     out = []
     for k, v in meta.items():
-        if k == 'report': continue
         if isinstance(v, dict) and not prefix: out += _metadata_rows(v, f'{k}.')
         else: out.append((prefix + str(k), v if isinstance(v, (str, int, float, bool)) or v is None else json.dumps(v, default=str)[:500]))
     return out
 
-def profile_page(source, # A Learner after a profiled fit, a JSON file from `learn.profile(save_json=True)`, or a `SavedProfile`
+def headline(res:pd.DataFrame) -> list:
+    "`[(value, label)]` a page leads with: the rate the run trained at (train samples over train time), the median iteration, the model's rate alone, the fit's time"
+    rate, it = _value(res, Phase.FIT, Step.TRAIN, Cols.RATE), _value(res, Phase.TRAIN, Step.ITERATION, Cols.MEDIAN)
+    model, fit = _value(res, Phase.TRAIN, Step.BATCH, Cols.RATE), _value(res, Phase.FIT, Step.FIT, Cols.TOTAL)
+    out = [(f'{rate:,.0f} samples/s' if rate == rate else '—', 'trained at: train samples ÷ train time'),
+           (format_duration(it) if it == it else '—', 'train iteration (median)')]
+    if model == model: out.append((f'{model:,.0f} samples/s', "the model alone: the batch step's rate, data free"))
+    return out + [(format_duration(fit) if fit == fit else '—', 'whole fit')]
+
+def profile_page(source, # A Learner after a profiled fit, a JSON file from `learn.profile(save_json=...)`, or a `SavedProfile`
                  baseline=None, # A run to compare with (the same kinds): adds the comparison
                  title:str|None=None, # The page's title (default: the report's)
                  max_points:int=MAX_POINTS, # A timeline's points per step at most
                 ) -> str:
     "One self-contained HTML page of a profile: overview, report table, timelines, distributions, features, ranks, comparison, metadata"
     _, po, _ = _plotly()
-    src = source if isinstance(source, PageSource) else page_source(source)
-    prof, res = src.profile, src.profile.results
-    meta = prof.metadata
-    title = title or src.title or 'fastxtend_prof report'
-    sps, it = _value(res, Phase.TRAIN, Step.BATCH, 'Samples/Second'), _value(res, Phase.TRAIN, Step.ITERATION, 'Median Duration')
-    fit = _value(res, Phase.FIT, Step.FIT, 'Total Time')
-    kpis = [('train samples/s', f'{sps:,.0f}' if sps == sps else '—'), ('train iteration (median)', format_duration(it) if it == it else '—'),
-            ('whole fit', format_duration(fit) if fit == fit else '—'), ('device', ' '.join(dict.fromkeys(str(v) for v in (meta.get('device'), meta.get('device_name')) if v)) or '—')]
-    advice = (['This JSON file holds no advice (files of earlier versions did not keep it).'] if src.advice is None
-              else src.advice or ['No bottleneck found.'])
-    overview = (''.join(f'<div class="kpi"><b>{esc(v)}</b>{esc(k)}</div>' for k, v in kpis) + _figure(overview_figure(res), 'overview-chart')
-                + '<h3>Advice</h3>' + _pre(advice))
-    sub = (res.Action == str(Step.BATCH)).to_numpy() | res.Step.isin([str(s) for s in (Step.WAIT, Step.TRANSFER, Step.TRANSFORMS)]).to_numpy()
+    prof = as_profile(source)
+    base = None if baseline is None else as_profile(baseline, 'baseline')
+    res, meta = prof.results, prof.metadata
+    title = title or prof.title or 'fastxtend_prof report'
+    device = ' '.join(dict.fromkeys(str(v) for v in (meta.get('device'), meta.get('device_name')) if v)) or '—'
+    kpis = ''.join(f'<div class="kpi"><b>{esc(v)}</b>{esc(k)}</div>' for v, k in [*headline(res), (device, 'device')])
+    advice = (['This JSON file holds no advice (files of earlier versions did not keep it).'] if prof.advice is None
+              else prof.advice or ['No bottleneck found.'])
+    overview = f'<div id="headline">{kpis}</div>' + _figure(overview_figure(res), 'overview-chart') + '<h3>Advice</h3>' + _pre(advice)
+    inside = ((res.Action == str(Step.BATCH)) & (res.Step != str(Step.BATCH))) | res.Step.isin([str(s) for s in DRAW_STEPS])
     table = ('<label><input type="checkbox" onchange="toggleSub(\'report-table\', this.checked)"> show the steps inside each batch and draw</label>'
-             '<p class="note">Click the name of a column to sort by it.</p>' + _table(res, 'report-table', sub))
-    series = timeline_series(prof, src.timeline)
+             '<p class="note">Click the name of a column to sort by it.</p>' + _table(res, 'report-table', inside.to_numpy()))
+    series = timeline_series(prof)
     if series:
         fig, cut = timeline_figure(series, max_points)
         n = max(len(v[0]) for v in series.values())
-        where = 'every batch, epochs and warmup marked' if src.timeline is not None else 'the steady train batches in order (the file has no epochs; warmup left out)'
+        where = 'every batch, epochs and warmup marked' if prof.timeline is not None else 'the steady train batches in order (the file has no epochs; warmup left out)'
         timelines = (f'<p class="note">{esc(where)}; {n:,} batches' + (f', drawn as at most {max_points:,} points a step (each stretch\'s shortest and longest batch)' if cut else '')
                      + '. Click a legend entry to show or hide a step; drag to zoom.</p>' + _figure(fig, 'timeline-chart'))
     else: timelines = '<p class="note">No per-batch timings: the run was profiled with `keep_raw=False` (summaries only).</p>'
     dists = _figure(distribution_figure(prof), 'distribution-chart') + '<p class="note">Box: 25th to 75th percentile with the median; whiskers: 1st and 99th percentiles.</p>'
-    feats = _pre(src.lines) or '<p class="note">No feature lines (FLOPs, memory, stages) in this profile.</p>'
-    feats += ''.join(f'<h3>{esc(name)}</h3>' + _table(df, f'table-{esc(name)}') for name, df in src.tables.items())
-    if src.ranks is not None:
-        ranks = ('<p class="note">The median of each train step, rank by rank:</p>' + _table(rank_summary(src.ranks), 'rank-summary')
-                 + _pre([l for l in src.lines if 'rank' in l.lower()])
-                 + '<details><summary>every rank\'s report</summary>' + _table(src.ranks, 'ranks-table') + '</details>')
+    feats = _pre(prof.lines) or '<p class="note">No feature lines (FLOPs, memory, loader stages) in this profile.</p>'
+    feats += ''.join(f'<h3>{esc(name)}</h3>' + _table(df, f'table-{esc(name)}') for name, df in prof.tables.items())
+    if prof.ranks is not None:
+        ranks = ('<p class="note">The median of each train step, rank by rank:</p>' + _table(rank_summary(prof.ranks), 'rank-summary')
+                 + _pre([l for l in prof.lines if 'rank' in l.lower()])
+                 + '<details><summary>every rank\'s report</summary>' + _table(prof.ranks, 'ranks-table') + '</details>')
     else: ranks = '<p class="note">A single process: no ranks.</p>'
-    if baseline is not None:
-        base = baseline if isinstance(baseline, PageSource) else page_source(baseline)
-        cmp = compare_profiles(base.profile, prof)
+    if base is not None:
+        cmp = compare_profiles(base, prof)
         comparison = _pre([comparison_verdict(cmp)]) + _table(format_comparison(cmp), 'comparison-table')
-    else: comparison = '<p class="note">No baseline given (`fastxtend-prof report NEW.json BASE.json`, or `baseline=`).</p>'
+    else: comparison = '<p class="note">No baseline given (`fastxtend-prof report RUN.json --baseline BASE.json`, or `baseline=`).</p>'
     rows = pd.DataFrame(_metadata_rows(meta), columns=['key', 'value'])
     body = '\n'.join([_section('overview', 'Overview', overview), _section('table', 'Report', table), _section('timelines', 'Timelines (train)', timelines),
-                      _section('distributions', 'Distributions (train)', dists), _section('features', 'FLOPs, memory, loader stages', feats),
+                      _section('distributions', 'Distributions (train)', dists), _section('features', 'Features', feats),
                       _section('ranks', 'Ranks', ranks), _section('comparison', 'Comparison', comparison), _section('metadata', 'Run', _table(rows, 'metadata-table'))])
     return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>\n<style>{_CSS}</style>\n'
             f'<script>{po.get_plotlyjs()}</script>\n<script>{_JS}</script></head>\n<body><h1>{esc(title)}</h1>\n{body}\n</body></html>\n')

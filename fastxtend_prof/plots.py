@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from fastcore.basics import patch
 from fastai.learner import Learner
-from .recorder import (
+from .recorder import (Cols, 
     APART, BEFORE_DRAW, DRAW_STEPS, SAMPLES, SUB_STEPS, TRAIN_STEPS, VALID_STEPS, EventRecorder, Phase, Step,
     TimingRecorder, device_view, phase_intervals, traced_rows, ITERATION_STEPS)
 from .report import format_duration
@@ -129,7 +129,7 @@ def _legend_note(ax, legend, sep:str, x:float=0., ha:str='left', left_out=()):
 # %% ../nbs/07_plots.ipynb #24fc1916
 def _phase_times(results, phase):
     rows = results[results.Phase == str(phase)]
-    return dict(zip(rows.Step, rows['Total Time'].astype(float)))
+    return dict(zip(rows.Step, rows[Cols.TOTAL].astype(float)))
 
 def _keep_fitting(fig, labelled, pad:float=2.):
     "Remove each label of `labelled` (`(patch, text)` pairs) wider than its patch less `pad` points a side, as `fig` draws them"

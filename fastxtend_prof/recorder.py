@@ -9,7 +9,7 @@ __all__ = ['BEFORE_DRAW', 'BEFORE_BATCH', 'AFTER_PRED', 'AFTER_LOSS', 'BEFORE_BA
            'SUB_STEPS', 'DRAW_STEPS', 'STEP_SLOTS', 'TOP_STEPS', 'APART', 'SPANS', 'LOOP_STEPS', 'THROUGHPUT_STEPS',
            'ITERATION_STEPS', 'TRAIN_PARTS', 'MARKS', 'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase',
            'Step', 'BatchTable', 'SyncClock', 'Relay', 'is_set', 'draw_sources', 'TimingRecorder', 'traced_rows',
-           'phase_intervals', 'stats', 'StepSummary', 'fold', 'empty_runs', 'summarize', 'TorchEventTimer',
+           'phase_intervals', 'Cols', 'stats', 'StepSummary', 'fold', 'empty_runs', 'summarize', 'TorchEventTimer',
            'EventRecorder', 'device_view', 'make_recorder', 'check_int', 'check_number']
 
 # %% ../nbs/00_recorder.ipynb #23875a1a
@@ -346,8 +346,13 @@ def phase_intervals(table:BatchTable, warmup:int, steps=TRAIN_STEPS, apart:bool=
     return out
 
 # %% ../nbs/00_recorder.ipynb #80c9e594
-STAT_COLS = ('Mean Duration', 'Duration Std Dev', 'Median Duration', 'P90 Duration', 'P99 Duration', 'Max Duration',
-             'Number of Calls', 'Samples/Second', 'Total Time')
+class Cols:
+    "The results' column names, each written once (the results contract): `results[Cols.TOTAL]`, not `results['Total Time']`"
+    PHASE, ACTION, STEP = 'Phase', 'Action', 'Step'
+    MEAN, STD, MEDIAN, P90, P99, MAX = 'Mean Duration', 'Duration Std Dev', 'Median Duration', 'P90 Duration', 'P99 Duration', 'Max Duration'
+    CALLS, RATE, TOTAL, PERCENT = 'Number of Calls', 'Samples/Second', 'Total Time', 'Percent of Total'
+
+STAT_COLS = (Cols.MEAN, Cols.STD, Cols.MEDIAN, Cols.P90, Cols.P99, Cols.MAX, Cols.CALLS, Cols.RATE, Cols.TOTAL)
 
 def stats(durations, samples=None) -> dict:
     "Mean, std, median, p90, p99, max, calls, samples/second and total of `durations` (NaN entries ignored)"
@@ -451,7 +456,7 @@ def fold(table:BatchTable, warmup:int):
 
 # %% ../nbs/00_recorder.ipynb #f6a9084a
 def _row(phase, action, step, st, fit_total):
-    st['Percent of Total'] = 100*st['Total Time']/fit_total if fit_total > 0 else _NAN
+    st[Cols.PERCENT] = 100*st[Cols.TOTAL]/fit_total if fit_total > 0 else _NAN
     return (phase, action, step, st)
 
 def empty_runs(table:BatchTable) -> np.ndarray:
@@ -472,7 +477,7 @@ def _phase_stats(table:BatchTable, warmup:int, keep_raw:bool, samples_per_second
     st = {s: table.summaries[s].stats() for s in table.steps}
     if len(empty): st[Step.OTHER] = StepSummary().merge(table.summaries[Step.OTHER]).update(empty, np.zeros(len(empty))).stats()
     if not samples_per_second:
-        for v in st.values(): v['Samples/Second'] = _NAN
+        for v in st.values(): v[Cols.RATE] = _NAN
     return st, getattr(table, 'samples', 0.) if samples_per_second else _NAN
 
 def _action(step:Step) -> Step:
@@ -494,8 +499,8 @@ def summarize(rec:TimingRecorder, samples_per_second:bool=True) -> list:
     for phase in (Phase.TRAIN, Phase.VALID):
         if rec.tables[phase].n == 0: continue
         for step, st in ph[phase][0].items():
-            if (step is Step.TRACE or step in DRAW_STEPS) and not st['Number of Calls']: continue  # no trace window, no split draw: no row
-            if step not in THROUGHPUT_STEPS: st['Samples/Second'] = _NAN  # a sub-step's "samples/s" answers no question
+            if (step is Step.TRACE or step in DRAW_STEPS) and not st[Cols.CALLS]: continue  # no trace window, no split draw: no row
+            if step not in THROUGHPUT_STEPS: st[Cols.RATE] = _NAN  # a sub-step's "samples/s" answers no question
             rows.append(_row(phase, _action(step), step, st, fit_total))
     return rows
 

@@ -7,12 +7,14 @@ __all__ = ['recorder_results', 'folded_recorder', 'fastxtend_layout', 'ProfileRe
 
 # %% ../nbs/30_result.ipynb #265cc487
 import copy, warnings, weakref
+from dataclasses import replace
 from functools import cached_property
 import pandas as pd
 from fastcore.basics import patch
 from fastai.learner import Learner
-from .recorder import EventRecorder, Phase, Step, TimingRecorder, device_view, fold, summarize
-from .report import format_report, results_frame, show_report
+from .recorder import Cols, EventRecorder, Phase, Step, TimingRecorder, device_view, fold, summarize
+from .report import format_report, results_frame, run_metadata, show_report
+from .saved import SavedProfile, step_distributions
 from .advice import show_advice
 from .features import FEATURES, Feature, Later
 from .rules import advise, run_context
@@ -25,7 +27,7 @@ def recorder_results(rec:TimingRecorder, samples_per_second:bool=True) -> pd.Dat
     if not isinstance(rec, EventRecorder): return results_frame(summarize(rec, samples_per_second=samples_per_second))
     results = results_frame(summarize(device_view(rec), samples_per_second=samples_per_second))
     host = results_frame(summarize(rec, samples_per_second=samples_per_second))
-    results['Host Mean Duration'], results['Host Total Time'] = host['Mean Duration'].values, host['Total Time'].values
+    results['Host Mean Duration'], results['Host Total Time'] = host[Cols.MEAN].values, host[Cols.TOTAL].values
     return results
 
 def folded_recorder(rec:TimingRecorder) -> TimingRecorder:
@@ -41,7 +43,7 @@ def folded_recorder(rec:TimingRecorder) -> TimingRecorder:
 
 def fastxtend_layout(results:pd.DataFrame) -> pd.DataFrame:
     "`results` laid out as fastxtend 0.1.7's `learn.profile_results`: the step's name in `Action` (`iteration` as its `step`), no `Step` column"
-    return results.assign(Action=results.Step.replace({Step.ITERATION: 'step'})).drop(columns='Step')
+    return results.assign(Action=results.Step.replace({Step.ITERATION: 'step'})).drop(columns=Cols.STEP)
 
 # %% ../nbs/30_result.ipynb #a1a3c1ec
 class ProfileResult:
@@ -140,6 +142,28 @@ class ProfileResult:
         "The results the files hold: merged over the ranks where there are several, else this rank's"
         return self.results if self.merged_results is None else self.merged_results
 
+    def timeline(self, host:bool=False) -> pd.DataFrame:
+        "One row per batch: phase, epoch, iter, warmup and each step's seconds (`host`: the host clock's, under `sync='events'`)"
+        rec = self.recorder
+        if rec.tables[Phase.TRAIN].n and all(tb.n == tb.offset for tb in rec.tables.values()):
+            raise ValueError('every batch was folded into summaries (`learn.profile(keep_raw=False)`, or a result pinned into an exported Learner '
+                             'without `raw=True`): profile with `keep_raw=True` to get the per-batch timings')
+        return timeline_frame(rec, host=host)
+
+    def saved(self, learn, full:bool=True) -> SavedProfile:
+        "This fit as every tool reads it and the JSON file holds it (`learn` gives the run's metadata); `full=False`: only what a comparison reads"
+        meta = run_metadata(learn, self.recorder.warmup, self.sync)
+        for f in self.features:
+            m = f.metadata(self.payload(f.name))
+            if m is not None: meta[f.name] = m
+        run = SavedProfile(self.to_save(), meta, step_distributions(self.recorder), 'this Learner')
+        if not full: return run
+        try: timeline = self.timeline()
+        except ValueError: timeline = None  # every batch folded into summaries (`keep_raw=False`)
+        tables = {name: df for f in self.features for name, df in f.tables(self.payload(f.name)).items()}
+        return replace(run, title=self.title, advice=[str(a) for a in self.advice], lines=self.lines(), tables=tables, ranks=self.rank_results,
+                       timeline=timeline)
+
     def replace(self, **changes) -> 'ProfileResult':
         "A copy with `changes` (attributes of the constructor); what was worked out and does not depend on them is kept"
         new = copy.copy(self)
@@ -205,11 +229,7 @@ def profile_timeline(self:Learner,
     "One row per batch of the last profiled fit: phase, epoch, iter, warmup and each step's seconds"
     r = self.profile_result
     if r is None: raise RuntimeError('No profile yet: call `learn.profile()` and then fit')
-    rec = r.recorder
-    if rec.tables[Phase.TRAIN].n and all(tb.n == tb.offset for tb in rec.tables.values()):
-        raise ValueError('every batch was folded into summaries (`learn.profile(keep_raw=False)`, or a result pinned into an exported Learner '
-                         'without `raw=True`): profile with `keep_raw=True` to get the per-batch timings')
-    return timeline_frame(rec, host=host)
+    return r.timeline(host)
 
 # %% ../nbs/30_result.ipynb #4eaa3205
 def _finish(f, learn, relay):

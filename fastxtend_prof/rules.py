@@ -15,7 +15,7 @@ __all__ = ['DATA_BOUND_SHARE', 'DATA_BOUND_CRITICAL', 'DATA_BOUND_MIN_DRAW', 'ST
 import functools, math, os, warnings
 import numpy as np, pandas as pd, torch
 from dataclasses import dataclass
-from .recorder import (
+from .recorder import (Cols, 
     BEFORE_BATCH, TRAIN_STEPS, VALID_STEPS, Phase, Step, phase_intervals, traced_rows, ITERATION_STEPS, TRAIN_PARTS)
 from .advice import Advice, SEVERITIES, show_advice
 from .report import format_duration
@@ -143,14 +143,14 @@ def _rows(result, phase:Phase=Phase.TRAIN) -> dict:
     "`{step: row}` of `phase` in `result.results`, only steps that ran; worked out once per result, as several rules read it"
     def rows():
         res = result.results
-        r = res[(res.Phase == phase) & (res['Number of Calls'] > 0)]
+        r = res[(res.Phase == phase) & (res[Cols.CALLS] > 0)]
         cols = list(r.columns)  # rows as plain dicts: a tenth of `to_dict('records')`'s time, which the shown report pays per fit
         return {s: dict(zip(cols, vals)) for s, vals in zip(r.Step, r.to_numpy(dtype=object).tolist())}
     return result.derived(f'rows/{phase}', rows)
 
 def _step_total(r:dict) -> float:
     "Steady train loop time: the totals of draw, batch and other"
-    return sum(float(r[s]['Total Time']) for s in ITERATION_STEPS if s in r)
+    return sum(float(r[s][Cols.TOTAL]) for s in ITERATION_STEPS if s in r)
 
 def _ms(s): return format_duration(s)
 
@@ -164,16 +164,16 @@ def data_bound(result, ctx:dict) -> list:
     "The loader's `wait` (or the whole `draw`, when it was not split) is at least `DATA_BOUND_SHARE` of the train loop's steady time"
     r = _rows(result)
     if Step.DRAW not in r or Step.BATCH not in r: return []
-    draw, total, n = r[Step.DRAW], _step_total(r), int(r[Step.DRAW]['Number of Calls'])
+    draw, total, n = r[Step.DRAW], _step_total(r), int(r[Step.DRAW][Cols.CALLS])
     wait = r.get(Step.WAIT, draw)  # the loader's own part of the draw; the copy and the transforms have their own rules
-    share = float(draw['Total Time'])/total if total > 0 else 0.0
-    wait_share = float(wait['Total Time'])/total if total > 0 else 0.0
-    if wait_share < DATA_BOUND_SHARE or wait['Mean Duration'] < DATA_BOUND_MIN_DRAW: return []
-    samples = float(draw['Samples/Second'])*float(draw['Total Time'])  # NaN when samples were not counted
-    sps, sps_free = samples/total, samples/(total - float(wait['Total Time']))
-    ev = dict(draw_share=share, draw_mean_s=float(draw['Mean Duration']), step_mean_s=total/n,
+    share = float(draw[Cols.TOTAL])/total if total > 0 else 0.0
+    wait_share = float(wait[Cols.TOTAL])/total if total > 0 else 0.0
+    if wait_share < DATA_BOUND_SHARE or wait[Cols.MEAN] < DATA_BOUND_MIN_DRAW: return []
+    samples = float(draw[Cols.RATE])*float(draw[Cols.TOTAL])  # NaN when samples were not counted
+    sps, sps_free = samples/total, samples/(total - float(wait[Cols.TOTAL]))
+    ev = dict(draw_share=share, draw_mean_s=float(draw[Cols.MEAN]), step_mean_s=total/n,
               samples_per_second=sps, samples_per_second_without_wait=sps_free)
-    if Step.WAIT in r: ev.update(wait_share=wait_share, wait_mean_s=float(wait['Mean Duration']))
+    if Step.WAIT in r: ev.update(wait_share=wait_share, wait_mean_s=float(wait[Cols.MEAN]))
     verdict = f"the train loop waits for data {wait_share:.0%} of the time ({_ms(float(wait['Mean Duration']))} of {_ms(ev['step_mean_s'])} per batch)"
     if not math.isnan(sps): verdict += f'; without the wait it would run at up to {sps_free:,.0f} samples/s instead of {sps:,.0f}'
     nw, tips = ctx.get('num_workers'), []
@@ -237,13 +237,13 @@ def host_bound_opt_step(result, ctx:dict) -> list:
     "`opt_step`, per batch, is at least `OPT_STEP_RATIO` of forward + backward and `OPT_STEP_MIN_SHARE` of the step"
     r = _rows(result)
     if not {Step.OPT_STEP, Step.FORWARD, Step.BACKWARD, Step.BATCH} <= r.keys(): return []
-    steps, batches = int(r[Step.OPT_STEP]['Number of Calls']), int(r[Step.BATCH]['Number of Calls'])
-    opt = float(r[Step.OPT_STEP]['Total Time'])/batches  # per batch: with gradient accumulation, one step serves several batches
-    fb = float(r[Step.FORWARD]['Mean Duration'] + r[Step.BACKWARD]['Mean Duration'])
+    steps, batches = int(r[Step.OPT_STEP][Cols.CALLS]), int(r[Step.BATCH][Cols.CALLS])
+    opt = float(r[Step.OPT_STEP][Cols.TOTAL])/batches  # per batch: with gradient accumulation, one step serves several batches
+    fb = float(r[Step.FORWARD][Cols.MEAN] + r[Step.BACKWARD][Cols.MEAN])
     total = _step_total(r)
-    share = float(r[Step.OPT_STEP]['Total Time'])/total if total > 0 else 0.0
+    share = float(r[Step.OPT_STEP][Cols.TOTAL])/total if total > 0 else 0.0
     if fb <= 0 or opt/fb < OPT_STEP_RATIO or share < OPT_STEP_MIN_SHARE or opt < OPT_STEP_MIN: return []
-    step_mean, extra = float(r[Step.OPT_STEP]['Mean Duration']), list(ctx.get('callbacks_in_step') or [])
+    step_mean, extra = float(r[Step.OPT_STEP][Cols.MEAN]), list(ctx.get('callbacks_in_step') or [])
     ev = dict(opt_step_mean_s=step_mean, opt_step_per_batch_s=opt, batches_per_step=batches/max(steps, 1), forward_backward_mean_s=fb,
               ratio=opt/fb, share_of_step=share, callbacks_in_step=extra)
     name = ctx.get('optimizer') or ''
@@ -263,8 +263,8 @@ def heavy_callbacks(result, ctx:dict) -> list:
     "The median `other` is at least `OTHER_SHARE` of the median train step and `OTHER_MIN` seconds"
     r = _rows(result)
     if not set(ITERATION_STEPS) <= r.keys(): return []
-    other = float(r[Step.OTHER]['Median Duration'])
-    step = sum(float(r[s]['Median Duration']) for s in ITERATION_STEPS)
+    other = float(r[Step.OTHER][Cols.MEDIAN])
+    step = sum(float(r[s][Cols.MEDIAN]) for s in ITERATION_STEPS)
     if other < OTHER_MIN or step <= 0 or other/step < OTHER_SHARE: return []
     cbs = list(ctx.get('callbacks_in_other') or [])
     ev = dict(other_median_s=other, step_median_s=step, share=other/step, callbacks=cbs)
@@ -280,9 +280,9 @@ def slow_transfer(result, ctx:dict) -> list:
     "`transfer` is at least `TRANSFER_SHARE` of the draw, `TRANSFER_MIN_SHARE` of the train loop and `TRANSFER_MIN` per batch"
     r = _rows(result)
     if not {Step.DRAW, Step.TRANSFER, Step.BATCH} <= r.keys(): return []
-    tr, draw, total = float(r[Step.TRANSFER]['Mean Duration']), float(r[Step.DRAW]['Mean Duration']), _step_total(r)
+    tr, draw, total = float(r[Step.TRANSFER][Cols.MEAN]), float(r[Step.DRAW][Cols.MEAN]), _step_total(r)
     of_draw = tr/draw if draw > 0 else 0.0
-    of_step = float(r[Step.TRANSFER]['Total Time'])/total if total > 0 else 0.0
+    of_step = float(r[Step.TRANSFER][Cols.TOTAL])/total if total > 0 else 0.0
     if of_draw < TRANSFER_SHARE or of_step < TRANSFER_MIN_SHARE or tr < TRANSFER_MIN: return []
     pinned = ctx.get('pin_memory')
     ev = dict(transfer_mean_s=tr, draw_mean_s=draw, share_of_draw=of_draw, share_of_step=of_step, pin_memory=pinned)
@@ -300,10 +300,10 @@ def heavy_transforms(result, ctx:dict) -> list:
     "The batch `transforms` are at least `TFMS_SHARE` of the train loop and `TFMS_MIN` per batch"
     r = _rows(result)
     if not {Step.DRAW, Step.TRANSFORMS, Step.BATCH} <= r.keys(): return []
-    t, total = float(r[Step.TRANSFORMS]['Mean Duration']), _step_total(r)
-    share = float(r[Step.TRANSFORMS]['Total Time'])/total if total > 0 else 0.0
+    t, total = float(r[Step.TRANSFORMS][Cols.MEAN]), _step_total(r)
+    share = float(r[Step.TRANSFORMS][Cols.TOTAL])/total if total > 0 else 0.0
     if share < TFMS_SHARE or t < TFMS_MIN: return []
-    ev = dict(transforms_mean_s=t, share_of_step=share, draw_mean_s=float(r[Step.DRAW]['Mean Duration']))
+    ev = dict(transforms_mean_s=t, share_of_step=share, draw_mean_s=float(r[Step.DRAW][Cols.MEAN]))
     tip = ('use fewer or cheaper batch augmentations (smaller `max_rotate`, `max_zoom`, `max_lighting`, no `max_warp`), or fastai\'s '
            '`aug_transforms`, which composes its affine and lighting changes into one pass per batch')
     acc = ctx.get('accelerator')

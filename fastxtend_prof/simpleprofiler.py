@@ -22,9 +22,9 @@ from fastai.torch_core import find_bs
 from . import events
 from .recorder import (AFTER_LOSS, AFTER_PRED, AFTER_STEP, BEFORE_BACKWARD, BEFORE_STEP, MARKS, NO_BACKWARD, NO_STEP,
     PRE_AFTER_BATCH, SYNC_MODES, Phase, Relay, Step, TimingRecorder, check_int, make_recorder)
-from .report import check_writable, output_path, save_json, save_results, show_report
+from .report import save_results, show_report
+from .saved import check_writable, output_path, save_profile
 from .plots import save_plots
-from .compare import encode_distributions, profile_of
 from .advice import show_advice
 from .features import choose_features
 from .result import ProfileResult, fit_result
@@ -47,7 +47,7 @@ def _check_options(opts:dict, kinds:dict):
     for n, v in opts.items():
         if kinds.get(n) is bool: _check_bool(n, v)
     _check_name('csv_name', opts['csv_name'])
-    for n in ('save_json', 'plot', 'html'):
+    for n in ('save_csv', 'save_json', 'plot', 'html'):
         if not isinstance(opts[n], bool): _check_name(n, opts[n], 'True, False, or the file name to write')
     if opts['html'] is not False:
         from fastxtend_prof.page import _plotly
@@ -175,8 +175,8 @@ class SimpleProfilerCallback(_ProfilerPair):
         show_report:bool=True, # Display the formatted report after fit
         plain:bool=False, # In a notebook, display the report as plain text instead of a styled table
         markdown:bool=False, # Display the report as a markdown table
-        save_csv:bool=False, # Save the numeric results as CSV to `learn.path/csv_name`
-        csv_name:str='simple_profile.csv', # CSV file name, relative to `learn.path`
+        save_csv:bool|str=False, # Save the numeric results as CSV: True to `learn.path/csv_name`, or a file name there
+        csv_name:str='simple_profile.csv', # The CSV's file name for `save_csv=True`, relative to `learn.path`
         logger_callback:str|list|None='auto', # Logger(s) to send results to, by name ('wandb', 'tensorboard'); 'auto': every attached one
         warmup:int=1, # Leading batches of each train/valid loop reported apart, in the `warmup` row
         sync:str='auto', # How steps are timed on an accelerator: 'auto', 'none', 'device' or 'events'
@@ -223,7 +223,7 @@ class SimpleProfilerCallback(_ProfilerPair):
         at = lambda name, default: output_path(os.path.join(path, name), default)  # join keeps a trailing '/': a folder
         name = lambda v, default: default if v is True else v
         out = {}
-        if self.save_csv: out['csv_name'] = at(self.csv_name, 'simple_profile.csv')
+        if self.save_csv: out['csv_name'] = at(name(self.save_csv, self.csv_name), 'simple_profile.csv')
         if self.save_json: out['save_json'] = at(name(self.save_json, 'simple_profile.json'), 'simple_profile.json')
         if self.plot: out['plot'] = at(name(self.plot, 'simple_profile.png'), 'simple_profile.png')
         if self.html: out['html'] = at(name(self.html, 'simple_profile.html'), 'simple_profile.html')
@@ -355,7 +355,7 @@ def _present(self:SimpleProfilerCallback, learn, r:ProfileResult, hub=None):
 
 @patch
 def _save_files(self:SimpleProfilerCallback, learn, r:ProfileResult):
-    "CSV, JSON and chart, as asked (with the CSV: on rank 0 of a distributed fit the per-rank CSV, and each feature's `tables`): `[(what, path)]` written"
+    "CSV, JSON, chart and page, as asked (with the CSV: on rank 0 of a distributed fit the per-rank CSV, and each feature's `tables`): `[(what, path)]` written"
     out, saved = self._files if self._files is not None else self.outputs(learn.path), []
     if 'csv_name' in out:
         saved.append(('results', _write(save_results, r.to_save(), out['csv_name'], 'CSV')))
@@ -366,20 +366,17 @@ def _save_files(self:SimpleProfilerCallback, learn, r:ProfileResult):
             for name, df in f.tables(r.payload(f.name)).items():
                 at = out['csv_name'].with_name(f"{out['csv_name'].stem}_{name}.csv")
                 saved.append((name, _write(save_results, df, at, f'{name} CSV')))
-    if 'save_json' in out:
-        from fastxtend_prof.page import report_words
-        mine = profile_of(learn)  # this fit's metadata and per-step distributions, as a comparison reads them
-        meta = {**mine.metadata, 'report': report_words(r)}  # the advice and lines too, for a page made from the file later
-        saved.append(('JSON', _write(lambda df, p: save_json(df, p, meta, encode_distributions(mine.distributions)), r.to_save(), out['save_json'], 'JSON')))
+    run = r.saved(learn) if 'save_json' in out or 'html' in out else None  # the run as its file holds it, and its page shows it
+    if 'save_json' in out: saved.append(('JSON', _write(save_profile, run, out['save_json'], 'JSON')))
     if 'plot' in out: saved.append(('chart', save_plots(learn, out['plot'])))
     if 'html' in out:
-        from fastxtend_prof.page import save_html
-        saved.append(('page', _write(lambda df, p: save_html(learn, p), None, out['html'], 'HTML page')))
+        from fastxtend_prof.page import save_html  # plotly, which `html=` asked for
+        saved.append(('page', _write(save_html, run, out['html'], 'HTML page')))
     return saved
 
-def _write(fn, results, path, what):
-    "Write with `fn`, turning an OS error into one that says what could not be written where"
-    try: return fn(results, path)
+def _write(fn, data, path, what):
+    "Write `data` with `fn`, turning an OS error into one that says what could not be written where"
+    try: return fn(data, path)
     except OSError as e: raise OSError(f'Simple Profiler: could not write the {what} results to {path}: {e}; they are still in learn.simple_profile_results') from e
 
 # %% ../nbs/09_simpleprofiler.ipynb #8036ec32

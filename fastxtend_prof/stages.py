@@ -19,11 +19,11 @@ from fastai.learner import Learner
 from torch.utils.data import DataLoader as TorchDataLoader, get_worker_info
 from torch.utils.data import dataloader as _tdl
 from torch.utils.data._utils import fetch as _fetch
-from .recorder import Phase, Relay, Step, phase_intervals, stats
+from .recorder import Cols, Phase, Relay, Step, phase_intervals, stats
 from .report import format_duration, text_width
 from .advice import Advice, fill_text
 from .features import Feature, Later, register_feature
-from .compare import stage_place
+from .saved import stage_place
 from .plots import new_axes, save_figure, duration_ticks
 from .gains import block_means, interval, paired_ratio, WHAT_IF_BLOCKS
 
@@ -225,8 +225,8 @@ KINDS = ('item', 'fetch', 'x', 'y', 'after_item', 'before_batch', 'dataset', 'co
 ITEM_KINDS = ('item', 'fetch', 'x', 'y', 'after_item')
 PER_ITEM, PER_BATCH, PER_PASS = 'item', 'batch', 'pass'  # the `Per` column: a stage runs once per item or per batch; the first batch once per pass
 FIRST = 'first batch'  # the row of each pass's first batch: how long after the loop asked for it (the workers' start-up with workers)
-STAGE_COLS = ('Phase', 'Stage', 'Per', 'Where', 'Mean Duration', 'Median Duration', 'P90 Duration', 'P99 Duration', 'Max Duration',
-              'Number of Calls', 'Total Time', 'Share')
+STAGE_COLS = (Cols.PHASE, 'Stage', 'Per', 'Where', Cols.MEAN, Cols.MEDIAN, Cols.P90, Cols.P99, Cols.MAX,
+              Cols.CALLS, Cols.TOTAL, 'Share')
 
 class StageTimes:
     "One loop's stage times as the loop received its batches: `{(stage, where): [arrays]}`, the batches each place made, each pass's first batch"
@@ -266,9 +266,9 @@ def stage_table(times:dict, queue:dict|None=None) -> pd.DataFrame:
         for key in keys: rows += _stage_rows(phase, key, {w: a for (k, w), a in t.d.items() if k == key})
         if t.starts: rows.append(dict(Phase=phase, Stage=FIRST, Per=PER_PASS, Where='main', **stats(t.starts)))
     df = pd.DataFrame(rows, columns=[c for c in STAGE_COLS if c != 'Share'])
-    item = df[df.Stage == 'item'].set_index(['Phase', 'Where'])['Total Time']
+    item = df[df.Stage == 'item'].set_index([Cols.PHASE, 'Where'])[Cols.TOTAL]
     per_item = df.Per == PER_ITEM
-    df['Share'] = np.where(per_item, df['Total Time']/[item.get((p, w), np.nan) for p, w in zip(df.Phase, df.Where)], np.nan)
+    df['Share'] = np.where(per_item, df[Cols.TOTAL]/[item.get((p, w), np.nan) for p, w in zip(df.Phase, df.Where)], np.nan)
     df.attrs['batches'] = {phase: dict(t.batches) for phase, t in times.items()}
     df.attrs['queue'] = dict(queue or {})
     return df
@@ -305,12 +305,12 @@ WAITING = 0.5  # a loader on a core (or ready for one) less than this share of t
 def making_time(df:pd.DataFrame, where:str) -> float:
     "Seconds `where` (a place of one loop's stage rows) spent making batches: the items whole, then the batch's own stages (`after_batch` runs in the loop)"
     d = df[df.Where == where]
-    return float(d.loc[d.Stage.str.split(': ').str[0].isin(['item', 'before_batch', 'dataset', 'collate']), 'Total Time'].sum())
+    return float(d.loc[d.Stage.str.split(': ').str[0].isin(['item', 'before_batch', 'dataset', 'collate']), Cols.TOTAL].sum())
 
 def compute_share(df:pd.DataFrame, where:str) -> float:
     "Of the time `where` (a place of one loop's stage rows) spent making batches, the share its thread ran or waited for a core (`cpu`): NaN where not known"
     d, making = df[df.Where == where], making_time(df, where)
-    cpu = float(d.loc[d.Stage == 'cpu', 'Total Time'].sum())
+    cpu = float(d.loc[d.Stage == 'cpu', Cols.TOTAL].sum())
     return cpu/making if making > 0 and (d.Stage == 'cpu').any() else math.nan
 
 def work_line(share:float, workers:int) -> str:
@@ -342,10 +342,10 @@ def stage_text(table:pd.DataFrame, width:int|None=None) -> str:
     "The lines under the report: per loop, each stage's median, p90 and share, where it ran (the workers merged); the work, the queue, the first batch and the best case"
     if table is None or not len(table): return ''
     lines, queue, width = [], table.attrs.get('queue', {}), width or text_width()
-    for phase, df in table.groupby('Phase', sort=False):
+    for phase, df in table.groupby(Cols.PHASE, sort=False):
         made = table.attrs.get('batches', {}).get(phase, {})
         workers, merged = stage_place(made)
-        items = df[(df.Stage == 'item') & df.Where.isin(['main'] if not workers else workers)]['Number of Calls'].sum()
+        items = df[(df.Stage == 'item') & df.Where.isin(['main'] if not workers else workers)][Cols.CALLS].sum()
         where = _plural(len(workers), 'worker') if workers else 'the main process'
         if made: lines.append(f'Loader stages ({phase}: {f"{int(items):,} items in " if items else ""}{_batches(sum(made.values()))}, made in {where}):')
         else: lines.append(f'Loader stages ({phase}: no batch seen being made; workers that persist, `persistent_workers=True`, are not watched):')
@@ -393,7 +393,7 @@ def stage_tip(stage:str) -> tuple:
 def stage_advice(table:pd.DataFrame, result, severity:str='warning') -> Advice|None:
     "The train loader's costliest stage per batch made, what it is and what to do, with the train iteration predicted without it; None without train stages or a split draw"
     res = result.results
-    mean = lambda step: res.loc[(res.Phase == Phase.TRAIN) & (res.Step == step), 'Mean Duration']
+    mean = lambda step: res.loc[(res.Phase == Phase.TRAIN) & (res.Step == step), Cols.MEAN]
     it, wait = mean(Step.ITERATION), mean(Step.WAIT)
     made = table.attrs.get('batches', {}).get(str(Phase.TRAIN), {})
     if not len(it) or not len(wait) or not made: return None
@@ -403,7 +403,7 @@ def stage_advice(table:pd.DataFrame, result, severity:str='warning') -> Advice|N
     share = compute_share(df, where)
     df = df[~df.Stage.isin(['item', FIRST, 'cpu']) & ~df.Stage.str.startswith('after_batch')]
     if not len(df) or not n or wait != wait: return None
-    per_batch = df.set_index('Stage')['Total Time']/n  # seconds per batch made, each part of the loader's work counted once
+    per_batch = df.set_index('Stage')[Cols.TOTAL]/n  # seconds per batch made, each part of the loader's work counted once
     stage, t, loader = per_batch.idxmax(), float(per_batch.max()), float(per_batch.sum())
     what, tip = stage_tip(stage)
     without = it - min(wait, t/max(len(workers), 1))
@@ -558,7 +558,7 @@ def plot_stages(table:pd.DataFrame, # The stage rows of a profile: `learn.profil
     if not n: raise ValueError(f'no {phase} batch was seen being made (workers that persist, `persistent_workers=True`, are not watched)')
     workers, merged = stage_place(made)
     rows = shown_rows(df, merged).query("Stage != 'item'")
-    per = rows['Total Time'].to_numpy(dtype=float)/n  # seconds per batch made
+    per = rows[Cols.TOTAL].to_numpy(dtype=float)/n  # seconds per batch made
     place = ['workers' if w != 'main' else 'main' for w in rows.Where]
     fig, ax = new_axes(ax, (10, 2.2 + 0.32*len(rows)))
     y = np.arange(len(rows))

@@ -15,7 +15,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity
 from .recorder import (AFTER_LOSS, AFTER_PRED, AFTER_STEP, APART, BEFORE_BACKWARD, BEFORE_STEP, DRAW_STEPS, NO_STEP,
     NO_ZERO_GRAD, PRE_AFTER_BATCH, TRACED, TRAIN_STEPS, VALID_STEPS, Phase, Relay, Step, check_int)
 from .advice import Advice
-from .report import output_path
+from .saved import output_path
 from .features import Feature, register_feature
 from .rules import REMEDIES
 

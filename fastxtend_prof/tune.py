@@ -19,9 +19,10 @@ from fastcore.foundation import L
 from fastai.learner import Learner
 from fastai.callback.core import Callback, CancelFitException, CancelValidException
 from . import events
-from .recorder import Phase, Step, check_int, check_number, SYNC_MODES
+from .recorder import Cols, Phase, Step, check_int, check_number, SYNC_MODES
 from .report import format_duration, text_table, text_width
-from .compare import compare_profiles, profile_of, ALPHA, MIN_CHANGE, CONFIDENCE
+from .compare import compare_profiles, ALPHA, MIN_CHANGE, CONFIDENCE
+from .saved import profile_of
 from .defaults import ASKED  # ('mixed_precision', 'batch_size'): the fixes that change the numerics or the training, tried only when allowed; there for the command line's parser
 from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, _data_parallel
 from .rules import REMEDIES, torch_optimizer, _loader_settings
@@ -45,8 +46,8 @@ CHANGES = dict(num_workers='speed only', pin_memory='speed only', transforms_on_
 
 def steady_times(results:pd.DataFrame) -> dict:
     "`{step: median seconds}` of each train step of `results` that ran (warmup left out), the iteration included"
-    t = results[(results.Phase == Phase.TRAIN) & (results['Number of Calls'] > 0)]
-    return {Step(s): float(m) for s, m in zip(t.Step, t['Median Duration']) if s in Step._value2member_map_}
+    t = results[(results.Phase == Phase.TRAIN) & (results[Cols.CALLS] > 0)]
+    return {Step(s): float(m) for s, m in zip(t.Step, t[Cols.MEDIAN]) if s in Step._value2member_map_}
 
 # %% ../nbs/17_tune.ipynb #bf97c225
 def predict_workers(wait:float, # Median seconds a batch waits for the loader now
@@ -355,7 +356,7 @@ def run_trial(learn, batches:int, warmup:int, deadline:float, sync:str='auto'):
         with learn.no_logging(): learn.fit(epochs, cbs=TrialEnd(batches, warmup, deadline))
     finally:  # the loader iterator the stop left behind, and its worker processes, go now and not in a later fit
         if any(dl.fake_l.num_workers for dl in _loaders(learn)): gc.collect()  # (a full collection costs ~0.1 s: only when there are workers)
-    return without_last(profile_of(learn))
+    return without_last(profile_of(learn, full=False))
 
 def without_last(prof):
     "`prof` without its last train batch: the one the stop cut, whose time runs on through the loader's teardown (its workers' shutdown)"
@@ -383,7 +384,7 @@ def _measured(prof=None, block:int=1, confidence:float=CONFIDENCE) -> dict:
     d = np.asarray(prof.distributions.get(_KEY, []) if prof is not None else [], dtype=float)
     r = prof.results[(prof.results.Phase == Phase.TRAIN) & (prof.results.Step == Step.ITERATION)] if prof is not None else []
     bs, nan = prof.metadata.get('batch_size') if prof is not None else None, math.nan
-    rate = bs/float(d.mean()) if bs and len(d) else float(r['Samples/Second'].iloc[0]) if len(r) else nan  # of the batches the statistics keep
+    rate = bs/float(d.mean()) if bs and len(d) else float(r[Cols.RATE].iloc[0]) if len(r) else nan  # of the batches the statistics keep
     out = {'Median': float(np.median(d)) if len(d) else nan, 'Mean': float(d.mean()) if len(d) else nan, 'Batches': len(d),
            'Samples/s': rate, 'Samples/s Low': nan, 'Samples/s High': nan}
     blocks = block_means(d, size=block)
@@ -534,7 +535,6 @@ def speed_find(self:Learner,
     try:
         with self.removed_cbs(set_aside(self)):
             start = run_trial(self, batches, warmup, deadline, sync)
-            start.workers = ctx0['num_workers'] or 0
             m = _measured(start, _block(batches, start))
             rows.append(_row(0, None, m, {}, False, 'the configuration as it was', time.monotonic() - t0))
             say(f"speed_find: start: {format_duration(m['Median'])} a batch, {m['Samples/s']:,.0f} samples/s ({m['Batches']} batches)")
@@ -565,7 +565,6 @@ def speed_find(self:Learner,
                 try:
                     undo = SETTERS[f.kind](self, f.value)
                     prof = run_trial(self, batches, warmup, deadline, sync)
-                    prof.workers = tune_context(self)['num_workers'] or 0
                 except KeyboardInterrupt:
                     if undo is not None: undo()
                     raise
@@ -605,7 +604,7 @@ def speed_find(self:Learner,
 # %% ../nbs/17_tune.ipynb #f338cd7b
 def _block(batches:int, *profs) -> int:
     "Batches per block for the statistics of `profs`: as many as the most workers among them hand over at once, leaving 10 blocks or more"
-    return max(1, min(max(p.workers for p in profs), batches//10))
+    return max(1, min(max(p.metadata.get('num_workers') or 0 for p in profs), batches//10))
 
 def _brief(e:BaseException, width:int=160) -> str:
     "`e` in one line: its type and message, the message's first and last lines when it has several (a worker's traceback)"

@@ -1,14 +1,14 @@
 "The command line, end to end in a subprocess: files written, exit codes."
 import os, re, subprocess, sys
+from pathlib import Path
 import pandas as pd, pytest, torch
 
 def run(*args, cwd):
-    return subprocess.run([sys.executable, '-m', 'fastxtend_prof', *args], capture_output=True, text=True, timeout=300,
+    return subprocess.run([sys.executable, '-m', 'fastxtend_prof', *map(str, args)], capture_output=True, text=True, timeout=300,
                           cwd=cwd, env=dict(os.environ, PYTHONWARNINGS='ignore', MPLBACKEND='Agg'))
 
 def test_demo_writes_csv_and_chart(tmp_path):
-    (tmp_path/'out').mkdir()  # output folders must exist: a missing one is refused, not created
-    p = run('demo', '--epochs', '1', '--num-workers', '0', '--device', 'cpu', '--no-progress', '--csv', 'out/res.csv', '--plot', 'out/chart.png', cwd=tmp_path)
+    p = run('demo', '--epochs', '1', '--num-workers', '0', '--device', 'cpu', '--no-progress', '--csv', 'out/res.csv', '--plot', 'out/chart.png', cwd=tmp_path)  # `out` made
     assert p.returncode == 0, p.stderr[-3000:]
     assert 'Simple Profiler report' in p.stdout and "sync='" not in p.stdout   # on the CPU: host timing, no sync note
     res = pd.read_csv(tmp_path/'out'/'res.csv')
@@ -63,9 +63,9 @@ def run_light(argvs, cwd):
 def test_help_and_bad_options_import_neither_torch_nor_fastai(tmp_path):
     "`--help`, bad options and the output checks made before training cost no torch or fastai import (seconds on a busy laptop)"
     argvs = [['--help'], ['demo', '--help'], ['compare', '--help'], ['tune', '--help'], ['demo', '--epochs', '0'], ['--bogus'], ['bogus'],
-             ['tune', '--allow', 'bf16'], ['--plot', str(tmp_path/'none'/'x.png')], ['compare', 'a.json', 'b.json', '--step', 'train/draw'],
-             ['compare', str(tmp_path/'missing.json'), 'b.json']]
-    assert run_light(argvs, tmp_path) == f'{[0, 0, 0, 0] + [2]*7} []'
+             ['tune', '--allow', 'bf16'], ['--plot', '/dev/null/x.png'], ['compare', 'a.json', 'b.json', '--step', 'train/draw'],
+             ['compare', str(tmp_path/'missing.json'), 'b.json'], ['report', str(tmp_path/'missing.json')], ['report', 'new.json', 'base.json']]
+    assert run_light(argvs, tmp_path) == f'{[0, 0, 0, 0] + [2]*9} []'
 
 @pytest.mark.parametrize('opt,name', [('--csv', 'r.csv'), ('--plot', 'c.png'), ('--trace', 't.json'), ('--save-json', 'p.json')])
 def test_unwritable_output_exits_2_before_training(tmp_path, opt, name):
@@ -78,15 +78,24 @@ def test_unwritable_output_exits_2_before_training(tmp_path, opt, name):
     assert len(lines) == 1 and lines[0].startswith('fastxtend-prof: error: ' + opt), p.stderr
     assert 'Simple Profiler report' not in p.stdout and 'saved' not in p.stdout.lower()  # nothing trained, nothing claimed
 
-@pytest.mark.parametrize('args', [['demo', '--csv', 'none/r.csv'], ['demo', '--plot', 'none/c.png'], ['demo', '--trace', 'none/t.json'],
-                                  ['demo', '--save-json', 'none/p.json'], ['--plot', 'none/'], ['compare', 'a.json', 'b.json', '--plot', 'none/c.png'],
-                                  ['tune', '--plot', 'none/t.png']])
-def test_missing_folder_is_refused_before_training(tmp_path, args):
-    "A file in a folder that does not exist (a typo, most likely) is one line and exit 2, before anything is read or trained; no folder is created"
-    p = run(*args, '--device', 'cpu', cwd=tmp_path) if args[0] != 'compare' else run(*args, cwd=tmp_path)
+@pytest.mark.parametrize('args', [['demo', '--csv', 'f/r.csv'], ['demo', '--plot', 'f/c.png'], ['demo', '--trace', 'f/t.json'],
+                                  ['demo', '--save-json', 'f/sub/p.json'], ['--plot', 'f/'], ['compare', 'a.json', 'b.json', '--plot', 'f/c.png'],
+                                  ['tune', '--plot', 'f/t.png'], ['report', 'a.json', '-o', 'f/p.html']])
+def test_a_path_that_cannot_be_written_is_refused_before_training(tmp_path, args):
+    "A file where a folder would be: one line and exit 2, naming the option, before anything is read or trained; nothing made"
+    (tmp_path/'f').write_text('')
+    p = run(*args, '--device', 'cpu', cwd=tmp_path) if args[0] in ('demo', 'tune') or args[0].startswith('-') else run(*args, cwd=tmp_path)
     lines = p.stderr.strip().splitlines()
-    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith('fastxtend-prof') and "no folder" in lines[0], p.stderr
-    assert not (tmp_path/'none').exists() and p.stdout == ''
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith('fastxtend-prof') and "'f' is not a folder" in lines[0], p.stderr
+    assert sorted(x.name for x in tmp_path.iterdir()) == ['f'] and p.stdout == ''
+
+def test_outputs_make_their_folders(tmp_path):
+    "Every output option takes a path and makes its missing folders, as `learn.profile`'s files do (the demo's: `test_demo_writes_csv_and_chart`)"
+    run_json = Path(__file__).parent/'data'/'v2_stages.json'
+    p = run('report', run_json, '-o', 'pages/new/run.html', cwd=tmp_path)
+    assert p.returncode == 0 and (tmp_path/'pages'/'new'/'run.html').is_file(), p.stderr
+    p = run('compare', run_json, run_json, '--plot', 'charts/cmp.png', cwd=tmp_path)
+    assert p.returncode == 0 and (tmp_path/'charts'/'cmp.png').read_bytes()[:4] == b'\x89PNG', p.stderr
 
 def test_folder_outputs_and_file_modes_follow_the_umask(tmp_path):
     "A path ending in '/' is a folder for the default file name; files get the umask's permissions, as open() gives"

@@ -184,7 +184,7 @@ def failing(tmp_path_factory):
 # ----------------------------------------------------------------------------------------------------------- tests
 def test_rank0_gets_both_ranks(straggler):
     "Rank 0 holds the per-rank table of both ranks and the merged table; rank 1 holds neither"
-    from fastxtend_prof.report import RESULT_COLS
+    from fastxtend_prof.saved import RESULT_COLS
     from fastxtend_prof.distributed import RANK_COLS
     from fastxtend_prof.flops import FLOP_COLS  # each rank counts its model's FLOPs (`flops=True`)
     _, recs, _ = straggler

@@ -143,7 +143,7 @@ def quick_fit(tmp_path, **kwargs):
 def test_exports_and_summaries_keep_the_split(tmp_path):
     "The CSV and JSON hold the draw's parts; `keep_raw=False` summaries give the same calls and totals; a comparison compares them"
     import pandas as pd
-    from fastxtend_prof.report import load_json
+    from fastxtend_prof.saved import load_json
     from fastxtend_prof.compare import compare_profiles
     learn = quick_fit(tmp_path)
     res = learn.simple_profile_results

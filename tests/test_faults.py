@@ -33,7 +33,7 @@ from fastai.callback.training import ShortEpochCallback
 import fastai.callback.schedule  # noqa: F401  (fit_one_cycle, fine_tune, lr_find)
 import fastxtend_prof.all  # noqa: F401  (registers `before_draw`, patches `Learner.profile`)
 from fastxtend_prof import events
-from fastxtend_prof.report import RESULT_COLS
+from fastxtend_prof.saved import RESULT_COLS
 from fastxtend_prof.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, _ALIASES, _MOVED
 from fastxtend_prof.features import FEATURES
 from conftest import row, calls, BatchLog, RaiseAt, LyingDL, BATCH_EVENTS, LOOP_EVENTS, FIT_EVENTS
@@ -616,7 +616,7 @@ def save_kw(fmt, name):
 
 def read_back(fmt, path):
     if fmt == 'csv': return pd.read_csv(path)
-    from fastxtend_prof.report import load_json
+    from fastxtend_prof.saved import load_json
     return load_json(path)[0]
 
 def assert_same_results(back, df):
@@ -671,14 +671,14 @@ class _BrokenWrite(io.StringIO):
 @pytest.mark.parametrize('fmt', FORMATS)
 @pytest.mark.parametrize('exc', [OSError(28, 'No space left on device'), KeyboardInterrupt()], ids=['disk-full', 'ctrl-c'])
 def test_existing_target_never_half_written(fmt, exc, tmp_path, monkeypatch):
-    import fastxtend_prof.report as report
+    import fastxtend_prof.saved as saved  # its `atomic_write_text` writes every file
     target = tmp_path/f'prof.{fmt}'
     target.write_text('old, complete\n')
-    real_fdopen = report.os.fdopen
+    real_fdopen = saved.os.fdopen
     def fdopen(fd, *a, **k):
         real_fdopen(fd, *a, **k).close()
         return _BrokenWrite(exc)
-    monkeypatch.setattr(report.os, 'fdopen', fdopen)
+    monkeypatch.setattr(saved.os, 'fdopen', fdopen)
     o = run(partial(synth, path=tmp_path), fit(), True, **save_kw(fmt, target.name))
     assert o.exc is exc or (isinstance(o.exc, OSError) and o.exc.__cause__ is exc), repr(o.exc)
     assert target.read_text() == 'old, complete\n'

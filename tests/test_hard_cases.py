@@ -512,8 +512,9 @@ def test_save_csv_failure_keeps_results(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ['taken.csv'] and os.listdir(tmp_path/'taken.csv') == []
 
 # ------------------------------------------------------------------------------------------------- 10. arguments
-BAD_ARGS = [(n, v) for n in ('show_report', 'plain', 'markdown', 'save_csv', 'samples_per_second')
+BAD_ARGS = [(n, v) for n in ('show_report', 'plain', 'markdown', 'samples_per_second')
                    for v in ('yes', 1, 0, None)]
+BAD_ARGS += [('save_csv', v) for v in ('', '  ', 1, 0, None)]  # True, False or a file name, as `save_json`
 BAD_ARGS += [('csv_name', v) for v in ('', '   ', 3, None)]
 BAD_ARGS += [('logger_callback', v) for v in (3, '', '  ', True)]
 BAD_ARGS += [('warmup', v) for v in (-1, 1.5, True, '2', None)]

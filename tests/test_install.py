@@ -57,3 +57,5 @@ def test_wheel_installs_beside_an_existing_torch_and_runs_outside_the_clone(tmp_
     (elsewhere/'quick_start.py').write_text(quick_start())
     out = run(['python', 'quick_start.py'], env, elsewhere, timeout=300)
     assert 'Simple Profiler report' in out and 'Advice' in out, out[-2000:]
+    schema = run(['python', '-c', 'import json; from fastxtend_prof.saved import SCHEMA; json.loads(SCHEMA.read_text()); print(SCHEMA)'], env, elsewhere)
+    assert str(venv) in schema, schema   # the saved run's JSON Schema ships in the wheel

@@ -9,7 +9,7 @@ from fastai.test_utils import synth_learner
 from fastai.callback.progress import *  # noqa: F401,F403  (learn.no_bar)
 from fastai.callback.schedule import *  # noqa: F401,F403  (learn.lr_find)
 from fastxtend_prof.recorder import Phase, BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, POST_AFTER_BATCH, SAMPLES, FLAGS, NO_STEP
-from fastxtend_prof.report import RESULT_COLS
+from fastxtend_prof.saved import RESULT_COLS
 from fastxtend_prof.flops import FLOP_COLS
 from fastxtend_prof.loggers import (KNOWN_LOGGERS, LIVE_KEYS, Logger, LoggerHub, register_logger, check_logger_callback,
                                     fastai_wandb_bug_4173)

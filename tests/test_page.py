@@ -12,7 +12,8 @@ from fastai.test_utils import RegModel
 from fastai.callback.progress import ProgressCallback  # noqa: F401  (adds `learn.no_bar`)
 from fasttransform import Transform, Pipeline
 import fastxtend_prof.all  # noqa: F401
-from fastxtend_prof.page import PANELS, PageSource, page_source, profile_page, save_html, esc
+from fastxtend_prof.page import PANELS, profile_page, save_html, esc
+from fastxtend_prof.saved import SavedProfile, profile_of
 from chromium import Browser, why_no_browser, distinct_colours
 from test_run import DDP, env, free_port, write, TIMEOUT
 
@@ -78,20 +79,20 @@ def test_a_fit_page_in_chromium(tmp_path):
     page = tmp_path/'simple_profile.html'
     seen = check_page(page)
     assert ', epoch ' in seen['hover'], seen['hover']
-    assert 'train samples/s' in seen['text'] and 'Advice' in seen['text']
+    assert 'trained at: train samples ÷ train time' in seen['text'] and 'Advice' in seen['text']
 
 @needs_browser
 def test_a_comparison_page_from_the_command_line(tmp_path):
-    "`fastxtend-prof report NEW.json BASE.json -o page.html`: the comparison's verdict and table on the page; the hover names the batch"
+    "`fastxtend-prof report NEW.json --baseline BASE.json -o page.html`: the comparison's verdict and table on the page; the hover names the batch"
     for name in ('base', 'new'): fit(learner(), epochs=1, save_json=tmp_path/f'{name}.json')
     out = tmp_path/'cmp.html'
-    p = subprocess.run([sys.executable, '-m', 'fastxtend_prof', 'report', tmp_path/'new.json', tmp_path/'base.json', '-o', out],
+    p = subprocess.run([sys.executable, '-m', 'fastxtend_prof', 'report', tmp_path/'new.json', '--baseline', tmp_path/'base.json', '-o', out],
                        capture_output=True, text=True, timeout=TIMEOUT, env=env())
     assert p.returncode == 0 and 'Saved: page' in p.stdout, p.stdout + p.stderr
     seen = check_page(out, extra_panels=('comparison-table',))
     assert 'steady batches' in seen['hover']  # from a file: the steady batches in order
     doc = json.loads((tmp_path/'new.json').read_text())
-    assert doc['metadata']['report']['advice'] is not None  # the words of the report travel in the file
+    assert doc['report']['advice'] is not None  # the words of the report travel in the file
     p = subprocess.run([sys.executable, '-m', 'fastxtend_prof', 'report', tmp_path/'missing.json'], capture_output=True, text=True, timeout=TIMEOUT, env=env())
     assert p.returncode == 2 and len(p.stderr.splitlines()) == 1 and 'no such file' in p.stderr
 
@@ -127,10 +128,10 @@ def test_a_ddp_page_of_two_ranks(tmp_path):
     assert 'draw (Median Duration)' in ranks and "Arrivals at the ranks' sync points" in ranks, ranks
     assert all(f'rank {k}: ' in ranks for k in (0, 1)), ranks
 
-def long_source(n:int=100_000) -> PageSource:
+def long_source(n:int=100_000) -> SavedProfile:
     "A small fit's profile with a timeline of `n` train batches (random times around 5 ms, a few spikes), as a long run's page holds it"
     learn = fit(learner(n=12), epochs=1)
-    src = page_source(learn)
+    src = profile_of(learn)
     rng = np.random.default_rng(0)
     t = {s: rng.gamma(20, 2.5e-4, n) for s in ('draw', 'forward', 'loss', 'backward', 'opt_step', 'zero_grad', 'other')}
     t['draw'][::9973] += 0.05
