@@ -150,19 +150,20 @@ class ProfileResult:
                              'without `raw=True`): profile with `keep_raw=True` to get the per-batch timings')
         return timeline_frame(rec, host=host)
 
-    def saved(self, learn, full:bool=True) -> SavedProfile:
-        "This fit as every tool reads it and the JSON file holds it (`learn` gives the run's metadata); `full=False`: only what a comparison reads"
+    def saved(self, learn, full:bool=True, timeline:bool|None=None) -> SavedProfile:
+        "This fit as every tool reads it and the JSON file holds it (`learn` gives the run's metadata); `full=False`: only what a comparison reads; `timeline` (default `full`): every batch with its epoch, for a page (never written)"
         meta = run_metadata(learn, self.recorder.warmup, self.sync)
         for f in self.features:
             m = f.metadata(self.payload(f.name))
             if m is not None: meta[f.name] = m
         run = SavedProfile(self.to_save(), meta, step_distributions(self.recorder), 'this Learner')
-        if not full: return run
-        try: timeline = self.timeline()
-        except ValueError: timeline = None  # every batch folded into summaries (`keep_raw=False`)
-        tables = {name: df for f in self.features for name, df in f.tables(self.payload(f.name)).items()}
-        return replace(run, title=self.title, advice=[str(a) for a in self.advice], lines=self.lines(), tables=tables, ranks=self.rank_results,
-                       timeline=timeline)
+        if full:
+            tables = {name: df for f in self.features for name, df in f.tables(self.payload(f.name)).items()}
+            run = replace(run, title=self.title, advice=[str(a) for a in self.advice], lines=self.lines(), tables=tables, ranks=self.rank_results)
+        if full if timeline is None else timeline:
+            try: run.timeline = self.timeline()
+            except ValueError: pass  # every batch folded into summaries (`keep_raw=False`)
+        return run
 
     def replace(self, **changes) -> 'ProfileResult':
         "A copy with `changes` (attributes of the constructor); what was worked out and does not depend on them is kept"
