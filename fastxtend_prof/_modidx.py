@@ -872,6 +872,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
             'fastxtend_prof.saved': { 'fastxtend_prof.saved.ProfileFileError': ('saved.html#profilefileerror', 'fastxtend_prof/saved.py'),
                                       'fastxtend_prof.saved.ProfileFileError.__init__': ( 'saved.html#profilefileerror.__init__',
                                                                                           'fastxtend_prof/saved.py'),
+                                      'fastxtend_prof.saved.ProfileFileError.__reduce__': ( 'saved.html#profilefileerror.__reduce__',
+                                                                                            'fastxtend_prof/saved.py'),
                                       'fastxtend_prof.saved.SavedProfile': ('saved.html#savedprofile', 'fastxtend_prof/saved.py'),
                                       'fastxtend_prof.saved._Checker': ('saved.html#_checker', 'fastxtend_prof/saved.py'),
                                       'fastxtend_prof.saved._Checker.__init__': ('saved.html#_checker.__init__', 'fastxtend_prof/saved.py'),

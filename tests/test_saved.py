@@ -15,7 +15,7 @@ from fastai.test_utils import RegModel
 from fastai.callback.core import Callback
 from fastai.callback.progress import ProgressCallback  # noqa: F401  (adds `learn.no_bar`)
 import fastxtend_prof.all  # noqa: F401
-from fastxtend_prof.saved import SCHEMA, MAX_BYTES, ProfileFileError, SavedProfile, load_profile, migrate, profile_from_doc, save_profile
+from fastxtend_prof.saved import SCHEMA, MAX_BYTES, MAX_VALUES, ProfileFileError, SavedProfile, load_profile, migrate, profile_from_doc, save_profile
 from fastxtend_prof.compare import compare_profiles, comparison_text
 from fastxtend_prof.page import profile_page
 
@@ -208,6 +208,10 @@ def _shapes(d:Path) -> dict:
         out[name].write_text(t)
     out['utf16'] = d/'utf16.json'; out['utf16'].write_bytes(json.dumps(GOOD).encode('utf-16'))
     out['binary'] = d/'binary.json'; out['binary'].write_bytes(bytes(range(256))*4)
+    many = {**GOOD, 'metadata': {**GOOD['metadata'], 'x': [0]*(MAX_VALUES - 10_000)}, 'distributions': []}  # all of it read, then refused at its end
+    out['many_values'] = d/'many_values.json'; out['many_values'].write_text(json.dumps(many))
+    out['too_many_values'] = d/'too_many_values.json'; out['too_many_values'].write_text('[' + '{},'*MAX_VALUES + '{}]')
+    out['a_pipe'] = d/'a_pipe.json'; os.mkfifo(out['a_pipe'])  # no writer: reading it would wait for ever
     out['too_large'] = d/'too_large.json'
     with open(out['too_large'], 'wb') as f: f.truncate(MAX_BYTES + 1)  # sparse: no disk, no time, refused by its size
     out['a_folder'] = d/'a_folder.json'; out['a_folder'].mkdir()
