@@ -2,7 +2,7 @@
 (hypothesis mutates a real file; every shape the issue listed, and more, through `report` and `compare`: one line, exit
 2, no traceback, within 5 s, a damaged baseline named as the baseline), files of the previous version still open, the
 page's headline is the rate the run trained at, and writing a run's file needs neither the page nor the comparison."""
-import copy, json, os, re, subprocess, sys, tempfile, time
+import base64, copy, json, os, re, subprocess, sys, tempfile, time
 from pathlib import Path
 import numpy as np, pandas as pd, pytest, torch
 from hypothesis import HealthCheck, given, settings, strategies as st
@@ -178,8 +178,10 @@ def test_a_run_has_no_room_for_undeclared_attributes():
     with pytest.raises(AttributeError): RUN.workers = 3
 
 # -------------------------------------------------------------------------------------------- the command line's view
-def _shapes(d:Path) -> dict:
+@pytest.fixture(scope='module')
+def shapes(tmp_path_factory) -> dict:
     "The files of the issue (11 that crashed `report`/`compare` in 7 ways) and more: name -> path"
+    d = tmp_path_factory.mktemp('shapes')
     def mut(change):
         doc = copy.deepcopy(GOOD)
         change(doc)
@@ -230,9 +232,9 @@ for argv in json.loads(sys.argv[1]):
     out.append([argv, rc, err.getvalue(), time.perf_counter() - t0])
 print(json.dumps(out))"""
 
-def test_every_damaged_file_is_one_line_and_exit_2_for_report_and_compare(tmp_path):
+def test_every_damaged_file_is_one_line_and_exit_2_for_report_and_compare(shapes, tmp_path):
     "Each shape as the run, as the new run and as the baseline of `report` and `compare`: exit 2, one line naming the file and its role, within 5 s"
-    shapes, good = _shapes(tmp_path), str(V2)
+    good = str(V2)
     argvs = [argv for p in map(str, shapes.values()) for argv in
              (['report', p, '-o', str(tmp_path/'page.html')], ['report', good, '--baseline', p, '-o', str(tmp_path/'page.html')],
               ['compare', good, p], ['compare', p, good])]
@@ -246,9 +248,9 @@ def test_every_damaged_file_is_one_line_and_exit_2_for_report_and_compare(tmp_pa
     assert not (tmp_path/'page.html').exists()
 
 @pytest.mark.parametrize('shape', ['nested_10000', 'metadata_list', 'columns_mismatch', 'too_large'])
-def test_a_damaged_file_in_a_fresh_process(tmp_path, shape):
+def test_a_damaged_file_in_a_fresh_process(shapes, tmp_path, shape):
     "The command as a user runs it, interpreter start included: one line on stderr, exit 2, within 5 s"
-    p = _shapes(tmp_path)[shape]
+    p = shapes[shape]
     for argv in (['report', p, '-o', tmp_path/'x.html'], ['compare', V2, p]):
         t0 = time.perf_counter()
         done = subprocess.run([sys.executable, '-m', 'fastxtend_prof', *map(str, argv)], capture_output=True, text=True, timeout=60, env=ENV)
@@ -272,8 +274,8 @@ def test_two_runs_in_the_order_of_diff(tmp_path):
     "`compare BASE NEW` and `report NEW --baseline BASE` give the same verdict; a second file without `--baseline` is refused, not guessed"
     slow = copy.deepcopy(DOC)
     raw = slow['distributions']['train/iteration']
-    d = np.frombuffer(__import__('base64').b64decode(raw['float32']), '<f4')*2
-    raw['float32'] = __import__('base64').b64encode(d.astype('<f4').tobytes()).decode()
+    d = np.frombuffer(base64.b64decode(raw['float32']), '<f4')*2  # every iteration twice as long
+    raw['float32'] = base64.b64encode(d.astype('<f4').tobytes()).decode()
     for r in slow['results']:
         if r['Phase'] == 'train' and r['Step'] == 'iteration': r.update({'Mean Duration': 2*r['Mean Duration'], 'Samples/Second': r['Samples/Second']/2})
     (tmp_path/'slow.json').write_text(json.dumps(slow))
