@@ -262,7 +262,7 @@ def test_files_of_the_previous_version_still_work(tmp_path):
     "Formats 1 and 2 (the version before this module) through the command line: compared (means only for format 1, said so) and paged"
     done = subprocess.run([sys.executable, '-m', 'fastxtend_prof', 'compare', str(V1), str(V2)], capture_output=True, text=True, timeout=120, env=ENV)
     assert done.returncode == 0 and done.stdout.startswith('Compared with the baseline: train iteration'), done.stdout + done.stderr
-    assert 'holds no per-batch durations' in done.stdout
+    assert 'holds no per-batch durations' in ' '.join(done.stdout.split())   # the text is wrapped to the terminal's width
     page = tmp_path/'sub'/'page.html'  # its folder made
     done = subprocess.run([sys.executable, '-m', 'fastxtend_prof', 'report', str(V2), '--baseline', str(V1), '-o', str(page)],
                           capture_output=True, text=True, timeout=120, env=ENV)
@@ -281,9 +281,10 @@ def test_two_runs_in_the_order_of_diff(tmp_path):
     (tmp_path/'slow.json').write_text(json.dumps(slow))
     run = lambda *a: subprocess.run([sys.executable, '-m', 'fastxtend_prof', *map(str, a)], capture_output=True, text=True, timeout=120, env=ENV)
     cmp = run('compare', V2, tmp_path/'slow.json')
-    assert cmp.returncode == 0 and 'train iteration slower: +100% time' in cmp.stdout and '0.50× the samples/s' in cmp.stdout, cmp.stdout
+    said = ' '.join(cmp.stdout.split())  # the text is wrapped to the terminal's width
+    assert cmp.returncode == 0 and 'train iteration slower: +100% time' in said and '0.50× the samples/s' in said, cmp.stdout
     rep = run('report', tmp_path/'slow.json', '--baseline', V2, '-o', tmp_path/'p.html')
-    assert rep.returncode == 0 and 'train iteration slower: +100% time' in (tmp_path/'p.html').read_text()
+    assert rep.returncode == 0 and 'train iteration slower: +100% time' in (tmp_path/'p.html').read_text(), rep.stdout + rep.stderr
     two = run('report', tmp_path/'slow.json', V2)
     assert two.returncode == 2 and '--baseline' in two.stderr and len(two.stderr.splitlines()) == 1, two.stderr
 
