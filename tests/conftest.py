@@ -13,7 +13,7 @@ from fastai.callback.core import Callback
 LONGEST_FIRST = ['test_applications',  # 339 s
                  'test_install',  # 221 s, in one test
                  'test_cli', 'test_observe_only', 'test_compare', 'test_run', 'test_faults', 'test_fastai_citizen',  # 224-119 s
-                 'test_tune', 'test_export', 'test_gpu_overhead_bench', 'test_arrivals', 'test_stages', 'test_saved']  # 108-61 s
+                 'test_tune', 'test_saved', 'test_export', 'test_gpu_overhead_bench', 'test_arrivals', 'test_stages']  # 108-61 s
 
 def pytest_collection_modifyitems(config, items):
     rank = {f'{name}.py': i for i, name in enumerate(LONGEST_FIRST)}
