@@ -60,10 +60,11 @@ class ProfileResult:
         rank_results:pd.DataFrame|None=None, # Rank 0 of a distributed fit: every rank's results, with a `Rank` column
         merged_results:pd.DataFrame|None=None, # Rank 0 of a distributed fit: the results merged over the ranks
         results:pd.DataFrame|None=None, # This rank's results, where they were worked out already
+        label:str|None=None, # The run's name in a history (a commit): `learn.profile(label=...)`
     ):
         self.recorder, self.sync, self.title, self.context, self.features = recorder, sync, title, dict(context or {}), tuple(features)
         self.extras, self.samples_per_second, self.is_main = dict(extras or {}), samples_per_second, is_main
-        self.rank_results, self.merged_results, self._derived, self._raw = rank_results, merged_results, {}, False
+        self.rank_results, self.merged_results, self._derived, self._raw, self.label = rank_results, merged_results, {}, False, label
         if results is not None: self.__dict__['results'] = results
 
     def payload(self, name:str):
@@ -153,6 +154,7 @@ class ProfileResult:
     def saved(self, learn, full:bool=True, timeline:bool|None=None) -> SavedProfile:
         "This fit as every tool reads it and the JSON file holds it (`learn` gives the run's metadata); `full=False`: only what a comparison reads; `timeline` (default `full`): every batch with its epoch, for a page (never written)"
         meta = run_metadata(learn, self.recorder.warmup, self.sync)
+        if self.label is not None: meta['label'] = self.label
         for f in self.features:
             m = f.metadata(self.payload(f.name))
             if m is not None: meta[f.name] = m
@@ -260,13 +262,13 @@ def _title(session, r:ProfileResult, exc=None, gathered=None) -> str:
     if gathered is not None and gathered.merged is not None: notes.append(gathered.note)
     return 'Simple Profiler report' + (f' ({"; ".join(notes)})' if notes else '')
 
-def fit_result(learn, session, exc:BaseException|None=None) -> ProfileResult:
-    "Everything the fit recorded by `session` produced (`exc`: what it raised), gathered over the ranks of a distributed fit; shows nothing"
+def fit_result(learn, session, exc:BaseException|None=None, label:str|None=None) -> ProfileResult:
+    "Everything the fit recorded by `session` produced (`exc`: what it raised; `label`: the run's name in a history), gathered over the ranks of a distributed fit; shows nothing"
     if exc is not None: session.abort()  # close what the exception left open, and stop a trace window
     extras = {f.name: _finish(f, learn, relay) for f, relay in session.features}
     rec = session.rec.detach()  # clock, device timer, events: only the record stays
     r = ProfileResult(rec, sync=session.mode, context=run_context(learn, session.mode), features=tuple(f for f, _ in session.features),
-                      extras=extras, samples_per_second=session.count)
+                      extras=extras, samples_per_second=session.count, label=label)
     init, _, world = dist_info()
     if not (init and world > 1): return r.replace(title=_title(session, r, exc))
     shared = {f.name: r.payload(f.name) for f in r.features if f.shares}

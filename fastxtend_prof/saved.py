@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['FORMAT', 'VERSION', 'JSON_FORMAT', 'RESULT_COLS', 'KEY_COLS', 'PHASES', 'COMPARED', 'MAX_BYTES', 'MAX_VALUES',
-           'MAX_DEPTH', 'MAX_ROWS', 'MAX_COLS', 'MAX_ENTRIES', 'SCHEMA', 'SavedProfile', 'step_distributions',
-           'profile_of', 'as_profile', 'output_path', 'check_writable', 'atomic_write_text', 'encode_distributions',
-           'table_doc', 'profile_doc', 'save_profile', 'ProfileFileError', 'read_doc', 'migrate', 'profile_from_doc',
-           'load_profile', 'load_json', 'stage_place']
+           'MAX_DEPTH', 'MAX_ROWS', 'MAX_COLS', 'MAX_ENTRIES', 'SCHEMA', 'LABEL_ENV', 'SavedProfile',
+           'step_distributions', 'profile_of', 'as_profile', 'output_path', 'check_writable', 'atomic_write_text',
+           'encode_distributions', 'table_doc', 'profile_doc', 'save_profile', 'ProfileFileError', 'read_doc',
+           'migrate', 'profile_from_doc', 'load_profile', 'load_json', 'load_profiles', 'stage_place']
 
 # %% ../nbs/36_saved.ipynb #dbeb7b3a
 import base64, binascii, json, math, os, stat, tempfile
@@ -29,6 +29,7 @@ MAX_BYTES = 256*2**20  # the largest file read: every step's durations of a mill
 MAX_VALUES = 2_000_000  # the most values (commas and brackets, counted before parsing) a file may hold: a run's durations are text, and 1,024 ranks' results about 600,000
 MAX_DEPTH, MAX_ROWS, MAX_COLS, MAX_ENTRIES = 32, 100_000, 1_000, 1_000  # metadata's nesting; a table's rows and columns; the distributions
 SCHEMA = Path(str(files('fastxtend_prof')/'run.schema.json'))  # this version's file as a JSON Schema, shipped with the package
+LABEL_ENV = 'FASTXTEND_PROF_LABEL'  # the environment variable CI sets (to the commit, say): each run's `label` where `learn.profile(label=...)` gives none
 
 # %% ../nbs/36_saved.ipynb #35152413
 @dataclass(slots=True)
@@ -243,7 +244,8 @@ def _results_cell(col:str) -> str:
     return 'key' if col in KEY_COLS else 'count' if col in (Cols.CALLS, 'Rank') else 'stat' if col in STAT_COLS + (Cols.PERCENT,) else 'number'
 
 _META = dict(batch_size='count', warmup='count', n_train_batches='count', n_valid_batches='count', num_workers='count', sync='key', device='key',
-             device_name='key', fastxtend_prof='key', fastai='key', fastcore='key', torch='key', python='key', platform='key', timestamp='key')  # `run_metadata`'s fields
+             device_name='key', fastxtend_prof='key', fastai='key', fastcore='key', torch='key', python='key', platform='key', timestamp='key',
+             label='key')  # `run_metadata`'s fields, and the run's label
 _STAGE_KEYS = (Cols.PHASE, 'Stage', 'Per', 'Where')
 _REQUIRED = ('format', 'metadata', 'report', 'columns', 'results', 'distributions')  # a run's fields; `ranks` and `tables` may be left out
 
@@ -397,6 +399,18 @@ def load_json(path) -> tuple:
     "`(results, metadata)` of the run saved at `path`"
     run = load_profile(path)
     return run.results, run.metadata
+
+def load_profiles(paths) -> list:
+    "The runs saved at `paths`, in order: each file where it is given; a folder's `*.json` files oldest first (their run's `timestamp`, then their name)"
+    out = []
+    for p in map(Path, paths):
+        if not p.is_dir():
+            out.append(load_profile(p))
+            continue
+        found = [load_profile(f) for f in sorted(p.glob('*.json'))]
+        if not found: raise ProfileFileError(repr(str(p)), '', 'is a folder without run files (*.json)')
+        out += sorted(found, key=lambda r: (str(r.metadata.get('timestamp') or ''), r.source))
+    return out
 
 # %% ../nbs/36_saved.ipynb #5956012f
 def stage_place(made:dict) -> tuple:

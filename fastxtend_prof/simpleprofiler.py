@@ -23,7 +23,7 @@ from . import events
 from .recorder import (AFTER_LOSS, AFTER_PRED, AFTER_STEP, BEFORE_BACKWARD, BEFORE_STEP, MARKS, NO_BACKWARD, NO_STEP,
     PRE_AFTER_BATCH, SYNC_MODES, Phase, Relay, Step, TimingRecorder, check_int, make_recorder)
 from .report import save_results, show_report
-from .saved import check_writable, output_path, save_profile
+from .saved import LABEL_ENV, check_writable, output_path, save_profile
 from .plots import save_plots
 from .advice import show_advice
 from .features import choose_features
@@ -49,6 +49,8 @@ def _check_options(opts:dict, kinds:dict):
     _check_name('csv_name', opts['csv_name'])
     for n in ('save_csv', 'save_json', 'plot', 'html'):
         if not isinstance(opts[n], bool): _check_name(n, opts[n], 'True, False, or the file name to write')
+    if opts['label'] is not None: _check_name('label', opts['label'], 'a name of at most 200 characters (a commit, a branch), or None')
+    if opts['label'] is not None and len(str(opts['label'])) > 200: raise ValueError(f"`label` must be at most 200 characters, got {len(opts['label'])}")
     if opts['html'] is not False:
         from fastxtend_prof.page import _plotly
         _plotly()  # an ImportError saying what to install, now rather than after training
@@ -185,6 +187,7 @@ class SimpleProfilerCallback(_ProfilerPair):
         save_json:bool|str=False, # Save the results and run metadata as JSON: True to `learn.path/simple_profile.json`, or a file name there
         plot:bool|str=False, # Save the breakdown chart: True to `learn.path/simple_profile.png`, or a file name there
         html:bool|str=False, # Save the report page (one HTML file that opens offline): True to `learn.path/simple_profile.html`, or a file name there
+        label:str|None=None, # The run's name in a history (a commit, a branch), saved in its JSON; default: the FASTXTEND_PROF_LABEL environment variable
         features:bool=True, # Run the features: the default ones and those named (False: none, timings only)
         **options, # Each feature by its name: True, False, a dict of its options (`memory`, `flops`, `trace`, `live`, `arrivals`, `baseline`, `observers`)
     ):
@@ -192,6 +195,7 @@ class SimpleProfilerCallback(_ProfilerPair):
         opts = {k: v for k, v in locals().items() if k not in ('self', 'options', '__class__')}
         _check_options(opts, SimpleProfilerCallback.__init__.__annotations__)
         for k, v in opts.items(): setattr(self, k, v)  # `store_attr`'s work, without its look into the caller's frame (every `learn.profile()`)
+        if label is None: self.label = os.environ.get(LABEL_ENV) or None  # CI sets it to the commit: every run of the job labelled
         self.features = choose_features(features, **options)  # checked now: a bad option fails here, not after training
         self.logger_callback = check_logger_callback(logger_callback)  # checks the names and normalises them
 
@@ -326,7 +330,7 @@ def _report(self:SimpleProfilerCallback, learn, exc=None):
     session = self._release(learn)
     if not session.active: return
     with _keep_warning_memory():
-        learn.profile_result = r = fit_result(learn, session, exc)
+        learn.profile_result = r = fit_result(learn, session, exc, self.label)
         if r.is_main: self._present(learn, r, session.hub)
     if not session.keep_open and r.is_main: events.at_next_fit(learn, _note_unprofiled(r, time.monotonic(), self.show_report))
 
