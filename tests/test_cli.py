@@ -42,7 +42,7 @@ def test_help_lists_every_option(tmp_path):
                     '--save-json', '--no-progress'):
             assert opt in p.stdout, (args, opt)
     top = ' '.join(run('--help', cwd=tmp_path).stdout.split())
-    assert '{demo,compare,tune,report,run}' in top and 'run SCRIPT [args...] or run -m MODULE [args...]' in top, top
+    assert '{demo,compare,tune,report,history,guide,run}' in top and 'run SCRIPT [args...] or run -m MODULE [args...]' in top, top
 
 LIGHT = """import sys, contextlib, io
 from fastxtend_prof.cli import main
@@ -64,8 +64,9 @@ def test_help_and_bad_options_import_neither_torch_nor_fastai(tmp_path):
     "`--help`, bad options and the output checks made before training cost no torch or fastai import (seconds on a busy laptop)"
     argvs = [['--help'], ['demo', '--help'], ['compare', '--help'], ['tune', '--help'], ['demo', '--epochs', '0'], ['--bogus'], ['bogus'],
              ['tune', '--allow', 'bf16'], ['--plot', '/dev/null/x.png'], ['compare', 'a.json', 'b.json', '--step', 'train/draw'],
-             ['compare', str(tmp_path/'missing.json'), 'b.json'], ['report', str(tmp_path/'missing.json')], ['report', 'new.json', 'base.json']]
-    assert run_light(argvs, tmp_path) == f'{[0, 0, 0, 0] + [2]*9} []'
+             ['compare', str(tmp_path/'missing.json'), 'b.json'], ['report', str(tmp_path/'missing.json')], ['report', 'new.json', 'base.json'],
+             ['history', 'a.json', '--step', 'train/forward'], ['history', str(tmp_path/'missing.json'), 'b.json'], ['history', '--help'], ['guide']]
+    assert run_light(argvs, tmp_path) == f'{[0, 0, 0, 0] + [2]*11 + [0, 0]} []'
 
 @pytest.mark.parametrize('opt,name', [('--csv', 'r.csv'), ('--plot', 'c.png'), ('--trace', 't.json'), ('--save-json', 'p.json')])
 def test_unwritable_output_exits_2_before_training(tmp_path, opt, name):

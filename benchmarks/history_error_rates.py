@@ -1,0 +1,151 @@
+"""How often `fastxtend-prof history` raises a false alarm, and how often it finds a real slowdown, on real profiled fits.
+
+Series of `--runs` profiled fits of one Learner, each fit a run saved as its JSON file would be, then `history` on the
+series. Two workloads (`--work`):
+
+- `sleep` (the default): each step's work is a known wait (forward 6 ms, backward 8 ms, the optimizer step 4 ms, the
+  draw 3 ms a batch, as the test suite emulates work), around fastai's own loop and a linear model's real compute;
+- `compute`: a small MLP whose steps are all real compute on the CPU (the loader collates real batches), whose steps
+  vary from run to run on a shared machine by more than a sleep does.
+
+In each:
+
+- A/A: `--series` series of identical fits. An alarm is any change point: the share of series with one is the
+  false-alarm rate.
+- A slowdown: `--series` series in which one step (forward, backward, opt_step or the draw, in turn) takes 10% longer
+  from a run drawn at random on (from the third to the third-last): the step's mean time a batch in the series' first
+  run, times `--slowdown`, is added to it by a sleep (in the model's forward, in an autograd function's backward, in a
+  callback before the optimizer step, in the loader's collate; spinning on the clock, which lasts what it is asked to where a
+short sleep overshoots). Found: a change point within one run of the injection
+  that names that step (for the draw, its part `wait`, where the loader's collate runs, is named too).
+
+Each series is judged with the history's default `--min-shift` and, on the same runs, with each other value of
+`--min-shift` given. Each rate comes with its 95% Clopper-Pearson interval. Series of both kinds alternate, so a slow drift of the machine
+falls on both. Usage (about 10 minutes on a quiet 2-core machine with the defaults):
+
+    python benchmarks/history_error_rates.py --series 30 --runs 10 --work sleep
+    python benchmarks/history_error_rates.py --series 30 --runs 10 --work compute
+"""
+import argparse, json, os, time
+from pathlib import Path
+os.environ.setdefault('OMP_NUM_THREADS', '1')
+import numpy as np, torch
+from torch import nn
+from scipy import stats as sps
+from fastai.basics import Learner, DataLoaders, CrossEntropyLossFlat
+from fastai.callback.core import Callback
+import fastxtend_prof.all  # noqa: F401  (adds `learn.profile`)
+from fastxtend_prof.history import MIN_SHIFT, history, change_text
+from fastxtend_prof.saved import save_profile
+
+STEPS = ('forward', 'backward', 'opt_step', 'draw')  # the step a series slows down, in turn
+NAMED = {'draw': ('draw', 'wait')}  # the draw's slowdown is in the collate, inside its part `wait` (the loader's work), which the history names
+
+SLEEPS = dict(forward=6e-3, backward=8e-3, opt_step=4e-3, draw=3e-3)  # the `sleep` workload's work a batch, by step
+
+class Extra:
+    "The seconds each step waits where it runs: the workload's own (`base`), and the slowdown's on one `step` (0 until it starts)"
+    def __init__(self, base:dict|None=None): self.base, self.step, self.seconds = dict(base or {}), None, 0.
+    def wait(self, step):
+        if self.base.get(step): time.sleep(self.base[step])
+        if self.step == step:  # the slowdown spins: a sleep of a fraction of a millisecond overshoots by tens of microseconds, a spin doesn't
+            end = time.perf_counter() + self.seconds
+            while time.perf_counter() < end: pass
+
+class SleepyBackward(torch.autograd.Function):
+    "The identity, whose backward waits `extra`'s seconds when the slowdown is in the backward pass"
+    @staticmethod
+    def forward(ctx, x, extra): ctx.extra = extra; return x.view_as(x)
+    @staticmethod
+    def backward(ctx, g): ctx.extra.wait('backward'); return g, None
+
+class Model(nn.Module):
+    "A small MLP whose forward and backward each wait `extra`'s seconds when the slowdown is there"
+    def __init__(self, extra, width=512):
+        super().__init__()
+        self.extra = extra
+        self.net = nn.Linear(64, 10) if extra.base else nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10))
+    def forward(self, x):
+        self.extra.wait('forward')
+        return SleepyBackward.apply(self.net(x), self.extra)  # on the output: the input needs no gradient, so a function there would never run backward
+
+class WaitBeforeStep(Callback):
+    "Waits `extra`'s seconds before the optimizer step (in `opt_step`) when the slowdown is there"
+    def __init__(self, extra): self.extra = extra
+    def before_step(self): self.extra.wait('opt_step')
+
+def learner(extra, n:int, bs:int=128, seed:int=0):
+    g = torch.Generator().manual_seed(seed)
+    x, y = torch.randn(n*bs, 64, generator=g), torch.randint(0, 10, (n*bs,), generator=g)
+    def collate(items):
+        extra.wait('draw')
+        return torch.stack([a for a, _ in items]), torch.stack([b for _, b in items])
+    dls = DataLoaders.from_dsets(list(zip(x, y)), list(zip(x[:2*bs], y[:2*bs])), bs=bs, num_workers=0, create_batch=collate)
+    return Learner(dls, Model(extra), loss_func=CrossEntropyLossFlat(), cbs=WaitBeforeStep(extra))
+
+def judged(saved:list, step:str|None, at:int|None, min_shift:float) -> dict:
+    "The history of `saved` with `min_shift`: any change point (an alarm), and one within a run of `at` naming `step` (found)"
+    h = history(saved, min_shift=min_shift)
+    found = [c for c in h.changes if step is not None and abs(c.at - at) <= 1 and c.step in NAMED.get(step, (step,))]
+    return dict(alarm=bool(h.changes), found=bool(found), changes=[(c.at, c.step, c.p) for c in h.changes], words=[change_text(h, c) for c in h.changes],
+                tables=[json.loads(c.table[['Change %', 'p-value', 'Significant']].round(4).to_json(orient='index')) for c in h.changes])
+
+def one_series(runs:int, batches:int, step:str|None, at:int|None, slowdown:float, seed:int, work:str='sleep', min_shifts=(MIN_SHIFT,), keep:Path|None=None) -> dict:
+    "`runs` profiled fits of one Learner, each a saved run; from run `at` on, `step` slowed by `slowdown` of its first-run mean; judged at each of `min_shifts` (the first the default)"
+    extra = Extra(SLEEPS if work == 'sleep' else None)
+    learn = learner(extra, batches, seed=seed)
+    saved, first = [], {}
+    for i in range(runs):
+        if step is not None and i == at: extra.step, extra.seconds = step, slowdown*first[step]
+        learn.profile(show_report=False, logger_callback=None, label=f'run{i + 1}')
+        with learn.no_logging(): learn.fit(1)
+        run = learn.profile_result.saved(learn, full=False)
+        saved.append(run)
+        if keep: save_profile(run, keep/f'run{i + 1:02d}.json')
+        if i == 0: first = {s: float(np.mean(run.distributions[('train', s)])) for s in STEPS}
+    by = {m: judged(saved, step, at, m) for m in min_shifts}
+    return dict(step=step, at=at, **by[min_shifts[0]], by_min_shift={str(m): {k: r[k] for k in ('alarm', 'found')} for m, r in by.items()})
+
+def rate(k:int, n:int) -> str:
+    "`k` of `n` as a percentage with its 95% Clopper-Pearson interval"
+    ci = sps.binomtest(k, n).proportion_ci(0.95, method='exact')
+    return f'{k}/{n} = {100*k/n:.1f}% (95% CI {100*ci.low:.1f}% to {100*ci.high:.1f}%)'
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    p.add_argument('--series', type=int, default=30, help='series of each kind (default: 30)')
+    p.add_argument('--runs', type=int, default=10, help='profiled fits a series (default: 10)')
+    p.add_argument('--batches', type=int, default=30, help='train batches a fit (default: 30)')
+    p.add_argument('--slowdown', type=float, default=0.10, help="the slowdown, a share of the step's time (default: 0.10)")
+    p.add_argument('--work', choices=('sleep', 'compute'), default='sleep', help="each step's work: a known wait, or an MLP's real compute (default: sleep)")
+    p.add_argument('--min-shift', type=float, nargs='+', default=[MIN_SHIFT, 5., 10.],
+                   help=f'the history\'s --min-shift: the first judges the series, each is reported on the same runs (default: {MIN_SHIFT:g} 5 10)')
+    p.add_argument('--seed', type=int, default=0)
+    p.add_argument('--out', help='write every series as JSON here')
+    p.add_argument('--keep', help="save every run's file in this folder (a folder a series: aa-07/, slowdown-07/), to judge the series again with `fastxtend-prof history`")
+    a = p.parse_args()
+    torch.set_num_threads(1)
+    rng, t0, aa, ab = np.random.default_rng(a.seed), time.time(), [], []
+    learner(Extra(SLEEPS if a.work == 'sleep' else None), 4).fit(1)  # the process's first fit pays one-off costs
+    for i in range(a.series):
+        keep = lambda kind: Path(a.keep, f'{kind}-{i + 1:02d}') if a.keep else None
+        aa.append(one_series(a.runs, a.batches, None, None, a.slowdown, i, a.work, a.min_shift, keep('aa')))
+        step, at = STEPS[i % len(STEPS)], int(rng.integers(2, a.runs - 2))
+        ab.append(one_series(a.runs, a.batches, step, at, a.slowdown, i, a.work, a.min_shift, keep('slowdown')))
+        print(f'series {i + 1}/{a.series}: A/A {"ALARM " + str(aa[-1]["changes"]) if aa[-1]["alarm"] else "quiet"}; '
+              f'{step} +{a.slowdown:.0%} from run {at + 1}: {"found" if ab[-1]["found"] else "MISSED " + str(ab[-1]["changes"])} ({time.time() - t0:.0f} s)', flush=True)
+    print(f'\n{a.work} workload: {a.series} series of {a.runs} fits ({a.batches} train batches each) of each kind, {time.time() - t0:.0f} s, torch {torch.__version__}')
+    print(f'With --min-shift {a.min_shift[0]:g} (the default):')
+    print(f'A/A false alarms (any change point): {rate(sum(r["alarm"] for r in aa), len(aa))}')
+    print(f'{a.slowdown:.0%} slowdown of one step found within one run and named: {rate(sum(r["found"] for r in ab), len(ab))}')
+    for s in STEPS:
+        rs = [r for r in ab if r['step'] == s]
+        moved = [t[n]['Change %'] for r in rs for c, t in zip(r['changes'], r['tables']) if r['found'] for n in NAMED.get(s, (s,))[-1:] if c[1] in NAMED.get(s, (s,))]
+        print(f'  {s}: {rate(sum(r["found"] for r in rs), len(rs))}' + (f'; measured {np.median(moved):+.1f}% (median, against the rest of the iteration)' if moved else ''))
+    for m in a.min_shift[1:]:
+        k = str(m)
+        print(f'With --min-shift {m:g}: A/A false alarms {rate(sum(r["by_min_shift"][k]["alarm"] for r in aa), len(aa))}; '
+              f'found {rate(sum(r["by_min_shift"][k]["found"] for r in ab), len(ab))}')
+    if a.out: Path(a.out).write_text(json.dumps(dict(args=vars(a), aa=aa, slowdown=ab), indent=1))
+
+if __name__ == '__main__': main()

@@ -1,0 +1,163 @@
+"""Runs over time as a project meets them: `fastxtend-prof history` on folders of saved runs (change points, the step
+that moved, the gate's exit codes), damaged files in a history (one line, exit 2), the summaries for pull requests and
+tools (markdown rendered by a markdown library, the JSON summary against its shipped schema, Bencher's format against
+its documented shape), runs labelled from `learn.profile` and from CI's environment variable, and a real series of
+profiled fits whose forward pass sleeps 15% longer from a known run on."""
+import json, os, re, subprocess, sys, time
+from dataclasses import replace
+from pathlib import Path
+import numpy as np, pytest, torch
+import jsonschema, markdown
+from torch import nn
+from fastai.basics import Learner, DataLoaders, MSELossFlat
+from fastai.callback.core import Callback
+import fastxtend_prof.all  # noqa: F401
+from fastxtend_prof.saved import LABEL_ENV, SavedProfile, load_profile, save_profile
+from fastxtend_prof.history import history, regressed, run_name
+from fastxtend_prof.summary import SUMMARY_SCHEMA, history_bmf, history_markdown, history_summary, run_bmf, run_markdown, run_summary
+from fastxtend_prof.compare import compare_profiles
+
+DATA = Path(__file__).parent/'data'
+BASE = load_profile(DATA/'v2_stages.json')
+ENV = dict(os.environ, PYTHONWARNINGS='ignore', MPLBACKEND='Agg')
+PARTS = ('draw', 'forward', 'loss', 'backward', 'opt_step', 'zero_grad', 'other')
+# Bencher's Metric Format as bencher.dev documents it (its JSON Schema, draft 7): benchmark -> measure -> {value, lower_value, upper_value}
+BMF = {'type': 'object', 'patternProperties': {'.+': {'type': 'object', 'patternProperties': {'.+': {
+       'type': 'object', 'properties': {'value': {'type': 'number'}, 'lower_value': {'type': 'number'}, 'upper_value': {'type': 'number'}},
+       'required': ['value']}}}}}
+
+def made_up(scales:dict, machine:float, i:int) -> SavedProfile:
+    "The saved run as run `i`: each train step's per-batch times scaled by `scales`, all of them by `machine`, the iteration by what its parts gained, the rate it trained at to match"
+    d = {k: v.mean() + (v - v.mean())/2 for k, v in BASE.distributions.items()}  # half the spread: a run of 4 times its 46 batches
+    gained = sum(float(np.mean(d[('train', s)]))*(f - 1) for s, f in scales.items())
+    it = float(np.mean(d[('train', 'iteration')]))
+    for s, f in scales.items(): d[('train', s)] = d[('train', s)]*f
+    d[('train', 'iteration')] = d[('train', 'iteration')] + gained
+    res = BASE.results.copy()
+    res.loc[(res.Phase == 'fit') & (res.Step == 'train'), 'Samples/Second'] *= it/(it + gained)/machine
+    meta = {**BASE.metadata, 'label': f'c{i + 1:02d}', 'timestamp': f'2026-11-{i + 1:02d}T10:00:00+00:00'}
+    return replace(BASE, results=res, distributions={k: v*machine for k, v in d.items()}, metadata=meta, source=f'c{i + 1:02d}')
+
+def series(n:int, slow_from:int|None=None, step:str='forward', seed:int=0, by:float=1.2) -> list:
+    "`n` runs as a shared machine gives them (all steps 7% faster or slower together, each 1% on its own), `step` `by` slower from run `slow_from` on"
+    rng = np.random.default_rng(seed)
+    slow = lambda s, i: by if s == step and slow_from is not None and i >= slow_from else 1.
+    return [made_up({s: rng.lognormal(0, 0.01)*slow(s, i) for s in PARTS}, rng.lognormal(0, 0.07), i) for i in range(n)]
+
+def folder(tmp:Path, runs:list) -> Path:
+    "The runs saved in a folder, under names in no particular order: the folder's runs are read oldest first by when they ran"
+    tmp.mkdir(parents=True, exist_ok=True)
+    for i, r in enumerate(runs): save_profile(r, tmp/f'{(i*7919) % 1000:03d}.json')
+    return tmp
+
+def cli(*args, cwd=None):
+    return subprocess.run([sys.executable, '-m', 'fastxtend_prof', *map(str, args)], capture_output=True, text=True, timeout=300, env=ENV, cwd=cwd)
+
+def test_history_names_the_change_and_gates_the_latest_run(tmp_path):
+    "A folder of 10 runs, forward 20% slower from the 7th (8% of the batch: 1.7% of it): the change before run 7 names forward; the gate passes on a level that has held, fails on a slowdown (20%) that lands with the latest run"
+    p = cli('history', folder(tmp_path/'runs', series(10, slow_from=6)), '--fail-on-regression', '5')
+    said = ' '.join(p.stdout.split())
+    assert p.returncode == 0 and 'before run 7 (c07)' in said and 'forward +' in said and 'the step that moved' in said, p.stdout + p.stderr
+    assert 'gate passed' in said
+    landed = folder(tmp_path/'landed', series(7, slow_from=6, step='backward', seed=1, by=1.2))
+    p = cli('history', landed, '--fail-on-regression', '5', '--step', 'train/backward')
+    assert p.returncode == 1 and 'gate FAILED' in p.stdout, p.stdout + p.stderr
+    assert cli('history', landed, '--fail-on-regression', '50', '--step', 'train/backward').returncode == 0   # real, but not more than 50%
+    same = cli('history', folder(tmp_path/'same', series(10, seed=2)), '--fail-on-regression', '5')
+    assert same.returncode == 0 and 'Change points' in same.stdout and '  none' in same.stdout, same.stdout
+
+@pytest.mark.parametrize('damage', ['not_json', 'foreign', 'missing_results', 'nested', 'empty_folder', 'missing_file'])
+def test_a_damaged_file_in_a_history_is_one_line(tmp_path, damage):
+    "A history with one file that is not a run: one line naming that file, exit 2, no traceback"
+    runs = folder(tmp_path/'runs', series(6))
+    bad = runs/'bad.json'
+    if damage == 'not_json': bad.write_text('Phase,Step\n')
+    elif damage == 'foreign': bad.write_text('{"traceEvents": []}')
+    elif damage == 'missing_results':
+        doc = json.loads((runs/'000.json').read_text()); doc.pop('results'); bad.write_text(json.dumps(doc))
+    elif damage == 'nested': bad.write_text('[' * 50_000 + ']' * 50_000)
+    elif damage == 'empty_folder': bad = tmp_path/'empty'; bad.mkdir()
+    t0 = time.perf_counter()
+    p = cli('history', runs if damage not in ('empty_folder', 'missing_file') else runs/'000.json', *([bad] if damage == 'empty_folder' else [])
+            , *([tmp_path/'nope.json'] if damage == 'missing_file' else []))
+    lines = p.stderr.strip().splitlines()
+    named = str(tmp_path/'nope.json') if damage == 'missing_file' else str(bad)
+    assert p.returncode == 2 and len(lines) == 1 and 'Traceback' not in p.stderr and named in lines[0], p.stderr
+    assert lines[0].startswith('fastxtend-prof history: error: ') and time.perf_counter() - t0 < 5
+
+def test_the_summaries_render_and_validate(tmp_path):
+    "The markdown renders as a table with the run's numbers; the JSON summaries validate against the shipped schema; Bencher's export against its documented shape"
+    schema = json.loads(SUMMARY_SCHEMA.read_text())
+    run, h = BASE, history(series(10, slow_from=6))
+    cmp = compare_profiles(series(1)[0], run)
+    s = run_summary(run, cmp)
+    jsonschema.validate(s, schema)
+    html = markdown.markdown(run_markdown(run, cmp), extensions=['tables'])
+    assert html.count('<table>') == 1 and html.count('<tr>') == len(s['run']['steps']) + 1, html
+    assert f"{s['run']['samples_per_s']:,.0f} samples/s" in html and 'Against the baseline' in html
+    gate = dict(step='train/iteration', threshold_pct=5., failed=regressed(h, 5))
+    hs = history_summary(h, gate)
+    jsonschema.validate(hs, schema)
+    assert hs['changes'][0]['run'] == 7 and hs['changes'][0]['step'] == 'forward' and hs['gate'] == gate
+    html = markdown.markdown(history_markdown(h, gate), extensions=['tables'])
+    assert '<table>' in html and re.search(r'<td[^>]*>▶ 7</td>', html) and 'forward +' in html and 'Gate passed' in html, html
+    for bmf in (run_bmf(run), history_bmf(h)):
+        jsonschema.validate(bmf, BMF)
+        assert {'train/iteration', 'train/forward', 'train'} <= set(bmf) and bmf['train']['throughput']['value'] > 0
+    it = bmf['train/iteration']['latency']
+    assert it['lower_value'] < it['value'] < it['upper_value']
+    folder(tmp_path/'runs', series(10, slow_from=6))
+    for fmt in ('md', 'json', 'bmf'):  # the same from the command line, to stdout and to a file
+        p = cli('history', tmp_path/'runs', '--format', fmt)
+        assert p.returncode == 0, p.stderr
+        if fmt == 'json': jsonschema.validate(json.loads(p.stdout), schema)
+        if fmt == 'bmf': jsonschema.validate(json.loads(p.stdout), BMF)
+        r = cli('report', DATA/'v2_stages.json', '--format', fmt, '-o', tmp_path/'out'/f'run.{fmt}')
+        assert r.returncode == 0 and (tmp_path/'out'/f'run.{fmt}').is_file(), r.stderr
+    page = cli('history', tmp_path/'runs', '--html', tmp_path/'pages'/'history.html')
+    assert page.returncode == 0 and 'history-chart' in (tmp_path/'pages'/'history.html').read_text()
+
+def test_runs_are_labelled_from_the_profile_and_from_the_environment(tmp_path, monkeypatch):
+    "`learn.profile(label=...)` names the run in its JSON; without it, the environment variable CI sets does; a label too long is refused at the call"
+    from fastai.test_utils import synth_learner
+    learn = synth_learner(n_trn=4, path=tmp_path)
+    learn.profile(show_report=False, save_json='a.json', label='abc1234')
+    with learn.no_logging(): learn.fit(1)
+    monkeypatch.setenv(LABEL_ENV, 'def5678')
+    learn.profile(show_report=False, save_json='b.json')
+    with learn.no_logging(): learn.fit(1)
+    assert [run_name(load_profile(tmp_path/f)) for f in ('a.json', 'b.json')] == ['abc1234', 'def5678']
+    with pytest.raises(ValueError, match='`label`'): learn.profile(label='x'*201)
+
+def test_the_guide_ships_and_names_every_command():
+    p = cli('guide')
+    assert p.returncode == 0 and p.stdout.startswith('# fastxtend_prof for automated readers')
+    for cmd in ('compare', 'report', 'history', 'guide', 'Exit codes', 'fastxtend_prof.summary/1', 'latency', LABEL_ENV): assert cmd in p.stdout, cmd
+
+# --------------------------------------------------------------------------------------------- real profiled fits
+class Sleepy(nn.Module):
+    "A linear model whose forward sleeps `self.s` seconds: known work that load can lengthen but never shorten"
+    def __init__(self): super().__init__(); self.lin, self.s = nn.Linear(1, 1), 0.02
+    def forward(self, x):
+        time.sleep(self.s)
+        return self.lin(x)
+
+class SleepBeforeStep(Callback):
+    "Sleeps 15 ms before each optimizer step: the rest of the batch, against which the forward's time is judged"
+    def before_step(self): time.sleep(0.015)
+
+def test_a_real_slowdown_is_found_in_a_series_of_profiled_fits(tmp_path):
+    "Eight profiled fits, the forward pass sleeping 20 ms, then 23 ms from the fifth (the optimizer step 15 ms): the history finds a change within one run of it and names forward"
+    x = torch.linspace(-1, 1, 8*24)[:, None]
+    dls = DataLoaders.from_dsets(list(zip(x, 2*x)), list(zip(x[:16], 2*x[:16])), bs=8, num_workers=0)
+    model = Sleepy()
+    learn = Learner(dls, model, loss_func=MSELossFlat(), cbs=SleepBeforeStep())
+    for i in range(8):
+        model.s = 0.023 if i >= 4 else 0.02
+        learn.profile(show_report=False, logger_callback=None, save_json=tmp_path/f'run{i}.json', label=f'run{i + 1}')
+        with learn.no_logging(): learn.fit(1)
+    h = history([tmp_path/f'run{i}.json' for i in range(8)])
+    found = [c for c in h.changes if abs(c.at - 4) <= 1 and c.step == 'forward']
+    assert found, [(c.at, c.step, c.p) for c in h.changes]
+    f = found[0].table.loc['forward']
+    assert 8 < f['Change %'] < 22, f   # the 3 ms it slept more, against the rest of a batch (15 ms and fastai's loop; load adds to a sleep)
