@@ -219,7 +219,7 @@ def history_command(a) -> int:
     except (ValueError, ImportError) as e: return _error('history', e)
     except Exception as e: return _error('history', _unexpected(e, *a.runs))
     _emit(text, out, f'{a.format} history')
-    if page: print(f'Saved: page {page}')
+    if page: print(f'Saved: page {page}', file=sys.stderr if out is None and a.format in ('json', 'bmf') else sys.stdout)  # printed JSON stays JSON
     return int(tripped)
 
 def guide_command(a) -> int:

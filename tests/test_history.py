@@ -2,7 +2,7 @@
 that moved, the gate's exit codes), damaged files in a history (one line, exit 2), the summaries for pull requests and
 tools (markdown rendered by a markdown library, the JSON summary against its shipped schema, Bencher's format against
 its documented shape), runs labelled from `learn.profile` and from CI's environment variable, and a real series of
-profiled fits whose forward pass sleeps 15% longer from a known run on."""
+profiled fits whose forward pass sleeps 50% longer from a known run on."""
 import json, os, re, subprocess, sys, time
 from dataclasses import replace
 from pathlib import Path
@@ -114,8 +114,10 @@ def test_the_summaries_render_and_validate(tmp_path):
         if fmt == 'bmf': jsonschema.validate(json.loads(p.stdout), BMF)
         r = cli('report', DATA/'v2_stages.json', '--format', fmt, '-o', tmp_path/'out'/f'run.{fmt}')
         assert r.returncode == 0 and (tmp_path/'out'/f'run.{fmt}').is_file(), r.stderr
-    page = cli('history', tmp_path/'runs', '--html', tmp_path/'pages'/'history.html')
+    page = cli('history', tmp_path/'runs', '--format', 'json', '--html', tmp_path/'pages'/'history.html')  # the page beside printed JSON:
     assert page.returncode == 0 and 'history-chart' in (tmp_path/'pages'/'history.html').read_text()
+    jsonschema.validate(json.loads(page.stdout), schema)                                                   # what is printed stays JSON
+    assert 'Saved: page' in page.stderr
 
 def test_runs_are_labelled_from_the_profile_and_from_the_environment(tmp_path, monkeypatch):
     "`learn.profile(label=...)` names the run in its JSON; without it, the environment variable CI sets does; a label too long is refused at the call"
@@ -147,17 +149,17 @@ class SleepBeforeStep(Callback):
     def before_step(self): time.sleep(0.015)
 
 def test_a_real_slowdown_is_found_in_a_series_of_profiled_fits(tmp_path):
-    "Eight profiled fits, the forward pass sleeping 20 ms, then 23 ms from the fifth (the optimizer step 15 ms): the history finds a change within one run of it and names forward"
+    "Ten profiled fits, the forward pass sleeping 20 ms, then 30 ms from the sixth (the optimizer step 15 ms): the history finds a change within one run of it and names forward (a change a loaded machine cannot hide: with 8 fits and 3 ms, a CI run under load found none)"
     x = torch.linspace(-1, 1, 8*24)[:, None]
     dls = DataLoaders.from_dsets(list(zip(x, 2*x)), list(zip(x[:16], 2*x[:16])), bs=8, num_workers=0)
     model = Sleepy()
     learn = Learner(dls, model, loss_func=MSELossFlat(), cbs=SleepBeforeStep())
-    for i in range(8):
-        model.s = 0.023 if i >= 4 else 0.02
+    for i in range(10):
+        model.s = 0.03 if i >= 5 else 0.02
         learn.profile(show_report=False, logger_callback=None, save_json=tmp_path/f'run{i}.json', label=f'run{i + 1}')
         with learn.no_logging(): learn.fit(1)
-    h = history([tmp_path/f'run{i}.json' for i in range(8)])
-    found = [c for c in h.changes if abs(c.at - 4) <= 1 and c.step == 'forward']
+    h = history([tmp_path/f'run{i}.json' for i in range(10)])
+    found = [c for c in h.changes if abs(c.at - 5) <= 1 and c.step == 'forward']
     assert found, [(c.at, c.step, c.p) for c in h.changes]
     f = found[0].table.loc['forward']
-    assert 8 < f['Change %'] < 22, f   # the 3 ms it slept more, against the rest of a batch (15 ms and fastai's loop; load adds to a sleep)
+    assert 30 < f['Change %'] < 75, f   # the 10 ms it slept more, against the rest of a batch (15 ms and fastai's loop; load adds to a sleep)
