@@ -209,7 +209,8 @@ def history_command(a) -> int:
         h = history(runs, alpha=a.alpha, min_shift=a.min_shift, min_share=a.min_share)
         tripped = regressed(h, a.fail_on_regression, step) if gating else False
         gate = dict(step=step, threshold_pct=a.fail_on_regression, failed=tripped) if gating else None
-        line = f"gate {'FAILED' if tripped else 'passed'}: the latest run's {step} must not be a real slowdown of more than {a.fail_on_regression:g}%" if gating else ''
+        line = (f"gate {'FAILED' if tripped else 'passed'}: the latest run's {step} must not be a real slowdown of more than {a.fail_on_regression:g}%"
+                + ('' if h.latest is not None else ' (not checked: the latest run needs 3 runs before it at its level)')) if gating else ''
         text = {'text': lambda: history_text(h) + (f'\n{line}' if line else ''), 'md': lambda: history_markdown(h, gate),
                 'json': lambda: json.dumps(history_summary(h, gate), indent=1), 'bmf': lambda: json.dumps(history_bmf(h), indent=1)}[a.format]()
         if page:

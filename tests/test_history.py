@@ -63,6 +63,8 @@ def test_history_names_the_change_and_gates_the_latest_run(tmp_path):
     p = cli('history', landed, '--fail-on-regression', '5', '--step', 'train/backward')
     assert p.returncode == 1 and 'gate FAILED' in p.stdout, p.stdout + p.stderr
     assert cli('history', landed, '--fail-on-regression', '50', '--step', 'train/backward').returncode == 0   # real, but not more than 50%
+    few = cli('history', folder(tmp_path/'few', series(3, slow_from=2, by=2.)), '--fail-on-regression', '5')     # too few runs to judge: passes, and says so
+    assert few.returncode == 0 and 'not checked: the latest run needs 3 runs before it' in ' '.join(few.stdout.split()), few.stdout + few.stderr
     same = cli('history', folder(tmp_path/'same', series(10, seed=2)), '--fail-on-regression', '5')
     assert same.returncode == 0 and 'Change points' in same.stdout and '  none' in same.stdout, same.stdout
 
