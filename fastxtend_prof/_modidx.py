@@ -1139,6 +1139,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'fastxtend_prof.stages.start_line': ('stages.html#start_line', 'fastxtend_prof/stages.py'),
                                        'fastxtend_prof.stages.tfm_name': ('stages.html#tfm_name', 'fastxtend_prof/stages.py'),
                                        'fastxtend_prof.stages.torch_watchable': ('stages.html#torch_watchable', 'fastxtend_prof/stages.py'),
+                                       'fastxtend_prof.stages.typical_per_batch': ( 'stages.html#typical_per_batch',
+                                                                                    'fastxtend_prof/stages.py'),
                                        'fastxtend_prof.stages.waits_of': ('stages.html#waits_of', 'fastxtend_prof/stages.py'),
                                        'fastxtend_prof.stages.watch_stages': ('stages.html#watch_stages', 'fastxtend_prof/stages.py'),
                                        'fastxtend_prof.stages.watch_torch_stages': ( 'stages.html#watch_torch_stages',

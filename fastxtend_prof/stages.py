@@ -7,8 +7,8 @@ __all__ = ['CLOCK', 'SCHEDSTAT', 'KINDS', 'ITEM_KINDS', 'PER_ITEM', 'PER_BATCH',
            'WAITING', 'STAGE_TIPS', 'HANDOFF', 'MAX_WORKERS', 'PLACE_COLORS', 'Timed', 'StageLog', 'cpu_demand',
            'tfm_name', 'watch_stages', 'torch_watchable', 'watch_torch_stages', 'StageTimes', 'stage_label',
            'stage_table', 'waits_of', 'queue_of', 'making_time', 'compute_share', 'work_line', 'queue_line',
-           'start_line', 'shown_rows', 'stage_text', 'stage_tip', 'stage_advice', 'cores', 'keep_up', 'best_case',
-           'best_line', 'StageWatch', 'Stages', 'plot_stages']
+           'start_line', 'shown_rows', 'stage_text', 'stage_tip', 'typical_per_batch', 'stage_advice', 'cores',
+           'keep_up', 'best_case', 'best_line', 'StageWatch', 'Stages', 'plot_stages']
 
 # %% ../nbs/34_stages.ipynb #0b647374
 import collections, contextlib, functools, math, os, sys, time, types
@@ -390,6 +390,12 @@ def stage_tip(stage:str) -> tuple:
     kind, _, name = stage.partition(': ')
     return next(((w, tip) for w, match, tip in STAGE_TIPS if match(kind, name)), ('', 'make it cheaper'))
 
+def typical_per_batch(rows:pd.DataFrame, n:int) -> pd.Series:
+    "Each stage row's seconds per batch of the `n` made, its single longest call left out and the rest scaled back to all its calls: a stall that fell in one call (a garbage collection, the process descheduled) does not make a stage look costly"
+    total, calls, longest = (rows[c].to_numpy(dtype=float) for c in (Cols.TOTAL, Cols.CALLS, Cols.MAX))
+    rest = np.where(calls > 1, (total - longest)*calls/np.maximum(calls - 1, 1), total)
+    return pd.Series(rest/n, index=rows.Stage.to_numpy())
+
 def stage_advice(table:pd.DataFrame, result, severity:str='warning') -> Advice|None:
     "The train loader's costliest stage per batch made, what it is and what to do, with the train iteration predicted without it; None without train stages or a split draw"
     res = result.results
@@ -403,7 +409,7 @@ def stage_advice(table:pd.DataFrame, result, severity:str='warning') -> Advice|N
     share = compute_share(df, where)
     df = df[~df.Stage.isin(['item', FIRST, 'cpu']) & ~df.Stage.str.startswith('after_batch')]
     if not len(df) or not n or wait != wait: return None
-    per_batch = df.set_index('Stage')[Cols.TOTAL]/n  # seconds per batch made, each part of the loader's work counted once
+    per_batch = typical_per_batch(df, n)  # seconds per batch made, each part of the loader's work counted once
     stage, t, loader = per_batch.idxmax(), float(per_batch.max()), float(per_batch.sum())
     what, tip = stage_tip(stage)
     without = it - min(wait, t/max(len(workers), 1))
@@ -558,7 +564,7 @@ def plot_stages(table:pd.DataFrame, # The stage rows of a profile: `learn.profil
     if not n: raise ValueError(f'no {phase} batch was seen being made (workers that persist, `persistent_workers=True`, are not watched)')
     workers, merged = stage_place(made)
     rows = shown_rows(df, merged).query("Stage != 'item'")
-    per = rows[Cols.TOTAL].to_numpy(dtype=float)/n  # seconds per batch made
+    per = typical_per_batch(rows, n).to_numpy()  # seconds per batch made, as the advice counts them
     place = ['workers' if w != 'main' else 'main' for w in rows.Where]
     fig, ax = new_axes(ax, (10, 2.2 + 0.32*len(rows)))
     y = np.arange(len(rows))
