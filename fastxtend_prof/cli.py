@@ -13,6 +13,8 @@ import argparse, math, sys, time, warnings
 warnings.filterwarnings('ignore', message=r'`torch\.jit\.script` is deprecated', category=FutureWarning)
 from .defaults import DEVICES, ALPHA, MIN_CHANGE, MIN_SHARE, ASKED, FORMATS
 from .recorder import SYNC_MODES
+from typing import TYPE_CHECKING
+if TYPE_CHECKING: import torch  # for `demo_device`'s annotation: the commands import torch only where they need it
 
 # %% ../nbs/10_cli.ipynb #348fa301
 def demo_device(device:str='auto') -> 'torch.device':

@@ -10,7 +10,7 @@ __all__ = ['HEAVY', 'TORCH_NAMESPACES', 'HOOK_DICTS', 'GLOBAL_HOOKS', 'MAX_SHAPE
            'flops_text', 'low_mfu', 'Flops']
 
 # %% ../nbs/18_flops.ipynb #8dc875f4
-import contextlib, copy, functools, inspect, math, operator, random, re, sys, textwrap, time, types, weakref
+import contextlib, copy, functools, inspect, math, operator, random, re, sys, time, types, weakref
 from dataclasses import dataclass, field
 from functools import partial
 import numpy as np, pandas as pd, torch, torch.nn as nn

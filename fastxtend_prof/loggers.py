@@ -11,10 +11,10 @@ __all__ = ['KNOWN_LOGGERS', 'SUMMARY_KEYS', 'Logger', 'LoggerEntry', 'register_l
 import math, sys, warnings
 from typing import Callable, NamedTuple
 import pandas as pd
-from .recorder import Cols, Phase, Step, TimingRecorder, check_int
+from .recorder import Cols, TimingRecorder, check_int
 from .report import report_markdown
 from .features import FEATURES
-from .live import LIVE_KEYS, live_values
+from .live import live_values
 from .distributed import dist_info
 
 # %% ../nbs/06_loggers.ipynb #9020f354

@@ -17,7 +17,7 @@ import numpy as np, pandas as pd, torch
 from dataclasses import dataclass
 from .recorder import (Cols, 
     BEFORE_BATCH, TRAIN_STEPS, VALID_STEPS, Phase, Step, phase_intervals, traced_rows, ITERATION_STEPS, TRAIN_PARTS)
-from .advice import Advice, SEVERITIES, show_advice
+from .advice import Advice, SEVERITIES
 from .report import format_duration
 from .events import train_device
 from .gains import what_if

@@ -70,7 +70,7 @@ def _timed_compose(orig):
     def compose_tfms(x, tfms, is_enc=True, reverse=False, **kwargs):
         w = _State.watched.get(id(tfms)) if is_enc and not reverse else None
         if w is None or len(w[2]) != len(tfms): return orig(x, tfms, is_enc=is_enc, reverse=reverse, **kwargs)
-        (kind, log, keys), clock = w, _State.clock
+        (_, log, keys), clock = w, _State.clock
         add = log.add
         t0 = start = clock()
         for f, key in zip(tfms, keys):

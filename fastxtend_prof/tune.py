@@ -10,7 +10,7 @@ __all__ = ['TARGET_SHARE', 'MIN_PREDICTED', 'KNEE', 'SLACK', 'OVERSUBSCRIBE', 'S
            'probe_loader', 'TrialEnd', 'set_aside', 'run_trial', 'without_last', 'blocked', 'SpeedResult']
 
 # %% ../nbs/17_tune.ipynb #298c8c3a
-import copy, gc, math, random, textwrap, time
+import copy, gc, math, random, time
 from dataclasses import dataclass, field, replace
 import numpy as np, pandas as pd, torch
 from torch import nn

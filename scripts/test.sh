@@ -32,6 +32,9 @@ else
   echo "(not a git checkout: skipping the export/clean agreement checks)"
 fi
 
+echo "== ruff: no dead import or variable, no undefined name (pyflakes' rules; pyproject.toml [tool.ruff])"
+"$VENV/bin/ruff" check --quiet "$ROOT"
+
 echo "== nbdev-test: the docs notebooks (at ${SECONDS} s)"
 "$VENV/bin/nbdev-test" --n-workers 2
 # The report page's tests open it in headless Chromium (tests/test_page.py): Debian's package, installed here when it is

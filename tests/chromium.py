@@ -1,6 +1,6 @@
 """Headless Chromium driven over the DevTools protocol, for the HTML report's tests: open a page from `file://` with the
 network blocked, collect console messages, exceptions, dialogs and every request, move the mouse, take a screenshot."""
-import base64, io, json, os, shutil, subprocess, tempfile, time, urllib.request
+import base64, io, json, shutil, subprocess, tempfile, time, urllib.request
 from pathlib import Path
 
 def find_chromium() -> str|None:

@@ -81,7 +81,7 @@ def halves(drift=0., rounds=4):
         finally: gc.enable()
     p = profile_of(learn)
     if drift: return [SavedProfile(p.results, p.metadata, {k: v[0::2]*(1 + i*drift/100) for k, v in p.distributions.items()},
-                                   f'batches 0, 2, ...' + (f' made {drift}% longer' if i else '')) for i in (0, 1)]
+                                   'batches 0, 2, ...' + (f' made {drift}% longer' if i else '')) for i in (0, 1)]
     return [SavedProfile(p.results, p.metadata, {k: v[i::2] for k, v in p.distributions.items()}, f'batches {i}, {i + 2}, ...')
             for i in (0, 1)]
 

@@ -10,7 +10,7 @@ in the process that made it either."""
 import copy, io, json, os, pickletools, subprocess, sys, textwrap, zipfile
 from pathlib import Path
 import pandas as pd
-import pytest, torch
+import torch
 from torch import nn
 import fastai.callback.progress  # noqa: F401  (Learner.no_bar)
 from fastai.data.core import Datasets

@@ -34,7 +34,7 @@ import fastai.callback.schedule  # noqa: F401  (fit_one_cycle, fine_tune, lr_fin
 import fastxtend_prof.all  # noqa: F401  (registers `before_draw`, patches `Learner.profile`)
 from fastxtend_prof import events
 from fastxtend_prof.saved import RESULT_COLS
-from fastxtend_prof.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, _ALIASES, _MOVED
+from fastxtend_prof.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, _MOVED
 from fastxtend_prof.features import FEATURES
 from conftest import row, calls, BatchLog, RaiseAt, LyingDL, BATCH_EVENTS, LOOP_EVENTS, FIT_EVENTS
 
@@ -758,7 +758,7 @@ def test_bad_input_raises_at_the_call(target, name, value):
 @pytest.mark.parametrize('target', ['SimpleProfilerCallback', 'SimpleProfilerPostCallback'])
 def test_callback_attached_alone_fails_at_fit_naming_the_partner(target):
     "The pair only works together: alone, the first fit fails before training, naming the missing callback"
-    plain, learn = synth(), synth()
+    learn = synth()
     cb = TARGETS[target]()
     learn.add_cb(cb)
     before = _params(learn)

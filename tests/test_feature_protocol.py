@@ -7,16 +7,16 @@
 - The public face, counted: `learn.profile`'s named options, `fastxtend_prof.all`'s names, the attributes the package
   adds to `Learner`, and no test double in a library module.
 - An epoch's own work at its end (a `SaveModelCallback` checkpoint) is inside the epoch, on an injected clock."""
-import inspect, io, re, subprocess, sys, tokenize, warnings
+import inspect, re, subprocess, sys, tokenize
 from pathlib import Path
-import numpy as np, pandas as pd, pytest, torch
+import numpy as np, pytest, torch
 from torch import nn
 from fastai.basics import Learner, DataLoaders, MSELossFlat
 from fastai.callback.progress import ProgressCallback
 from fastai.callback.tracker import SaveModelCallback
 import fastxtend_prof.all  # noqa: F401
 from fastxtend_prof.features import FEATURES, Feature, register_feature
-from fastxtend_prof.recorder import Phase, Relay, Step
+from fastxtend_prof.recorder import Phase, Relay
 from fastxtend_prof.advice import Advice
 from conftest import ManualClock, Tick, recorder_with, row
 

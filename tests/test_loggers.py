@@ -11,7 +11,8 @@ from fastai.callback.schedule import *  # noqa: F401,F403  (learn.lr_find)
 from fastxtend_prof.recorder import Phase, BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, POST_AFTER_BATCH, SAMPLES, FLAGS, NO_STEP
 from fastxtend_prof.saved import RESULT_COLS
 from fastxtend_prof.flops import FLOP_COLS
-from fastxtend_prof.loggers import (KNOWN_LOGGERS, LIVE_KEYS, Logger, LoggerHub, register_logger, check_logger_callback,
+from fastxtend_prof.live import LIVE_KEYS
+from fastxtend_prof.loggers import (KNOWN_LOGGERS, Logger, LoggerHub, register_logger, check_logger_callback,
                                     fastai_wandb_bug_4173)
 import fastxtend_prof.loggers as loggers
 import fastxtend_prof.simpleprofiler  # noqa: F401  (adds Learner.profile)

@@ -1,8 +1,7 @@
 """The report page (`learn.profile(html=True)`, `fastxtend-prof report`) opened in headless Chromium from `file://` with
 the network blocked: a single-process fit, a DDP fit of 2 gloo ranks, a comparison, a 100,000-batch timeline, and names
 from the run that try to run a script. Nothing here judges time, except that the long page opens within 10 s."""
-import json, math, subprocess, sys, time
-from pathlib import Path
+import json, subprocess, sys, time
 import numpy as np, pandas as pd, pytest, torch
 from fastai.data.core import DataLoaders
 from fastai.data.load import DataLoader
@@ -12,7 +11,7 @@ from fastai.test_utils import RegModel
 from fastai.callback.progress import ProgressCallback  # noqa: F401  (adds `learn.no_bar`)
 from fasttransform import Transform, Pipeline
 import fastxtend_prof.all  # noqa: F401
-from fastxtend_prof.page import PANELS, profile_page, save_html, esc
+from fastxtend_prof.page import PANELS, save_html, esc
 from fastxtend_prof.saved import SavedProfile, profile_of
 from chromium import Browser, why_no_browser, distinct_colours
 from test_run import DDP, env, free_port, write, TIMEOUT

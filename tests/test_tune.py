@@ -380,7 +380,7 @@ def _identical_after_tuning(build, first, then, **find):
     assert not diff, 'speed_find changed the training that followed: ' + '; '.join(diff[:5])
 
 @pytest.mark.apps
-def test_vision_with_aug_transforms_unchanged_by_tuning(digits_dir):
+def test_vision_with_aug_transforms_unchanged_by_tuning(digits_dir):  # noqa: F811 (pytest's fixture, imported above)
     v = _vision()
     build = lambda: v.vision_learner(image_dls(v, digits_dir), v.resnet18, pretrained=False)
     _identical_after_tuning(build, lambda l: l.fit_one_cycle(1, 1e-3), lambda l: l.fit_one_cycle(1, 1e-3), batches=4, warmup=1, max_time=60)
