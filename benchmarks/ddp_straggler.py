@@ -1,6 +1,7 @@
 """What the profiler says when one rank of a data-parallel fit is slow in one step.
 
-Runs `--world` gloo ranks on the CPU, each a fastai `Learner` whose model is wrapped in `DistributedDataParallel`,
+Runs `--world` gloo ranks on the CPU, each a fastai `Learner` whose model is wrapped in `DistributedDataParallel`
+(with `--no-ddp`, left unwrapped: the ranks then meet only where fastai gathers each batch's loss from every rank),
 `--batches` train batches of `--bs` per rank, every rank's forward sleeping `--work` seconds per batch (a model
 waiting on its device; without it the tiny model's step is mostly the loop's own overhead), and gives rank 1
 `--delay` seconds of extra work per train batch in one place at a time (spun on the CPU; with `--sleep`, slept: time
@@ -18,6 +19,7 @@ alone would say, so that what the straggler analysis finds can be read against w
 
     python benchmarks/ddp_straggler.py                       # 2 ranks, every case
     python benchmarks/ddp_straggler.py --world 3 --cases forward backward
+    python benchmarks/ddp_straggler.py --no-ddp --cases none forward
 """
 import argparse, os, pickle, socket, sys, tempfile, time, traceback
 from datetime import timedelta
@@ -102,8 +104,9 @@ def learner(rank, case, a):
         class SlowStep(Callback):
             def before_step(self): spend(delay, sleep)
         learn.add_cb(SlowStep())
-    from torch.nn.parallel import DistributedDataParallel
-    learn.model = DistributedDataParallel(learn.model)
+    if getattr(a, 'ddp', True):
+        from torch.nn.parallel import DistributedDataParallel
+        learn.model = DistributedDataParallel(learn.model)
     return learn
 
 def worker(rank, world, port, out, case, a):
@@ -125,7 +128,7 @@ def worker(rank, world, port, out, case, a):
             rec['arrivals'] = arrival_text(learn.profile_result.arrivals)
         if rank == 0:  # what the rule on step durations alone (the fallback without arrival times) would say
             from fastxtend_prof.distributed import straggler_advice
-            rec['by_durations'] = [f"rank {x.evidence['rank']}, `{x.evidence['step']}`" for x in straggler_advice(learn.simple_profile_rank_results)]
+            rec['by_durations'] = [f"rank {x.evidence['rank']}, `{x.evidence['step']}`" for x in straggler_advice(learn.profile_result.rank_results)]
     except BaseException: rec['error'] = traceback.format_exc()
     finally:
         if dist.is_initialized(): dist.destroy_process_group()
@@ -149,10 +152,12 @@ def main():
     p.add_argument('--delay', type=float, default=0.01, help='seconds of extra work per train batch on rank 1')
     p.add_argument('--work', type=float, default=0.005, help='seconds every rank\'s forward sleeps per batch (a model waiting on its device)')
     p.add_argument('--sleep', action='store_true', help='the delays sleep instead of spinning (as tests/test_arrivals.py runs them)')
+    p.add_argument('--no-ddp', dest='ddp', action='store_false',
+                   help='leave the model unwrapped: no gradient all-reduce (the ranks meet only where fastai gathers the loss)')
     p.add_argument('--cases', nargs='+', choices=CASES, default=list(CASES))
     a = p.parse_args()
     print(f'{a.world} gloo ranks, {a.batches} train batches of {a.bs} per rank; rank {SLOW} gets {a.delay*1e3:g} ms per batch in the step named'
-          f"{', slept' if a.sleep else ', spun'}")
+          f"{', slept' if a.sleep else ', spun'}{'' if a.ddp else '; the model not wrapped in DDP'}")
     for case in a.cases:
         recs = run(case, a)
         print(f'\n== {case}')

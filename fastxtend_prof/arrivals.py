@@ -101,6 +101,7 @@ def rank_arrivals(table, # The recorder's train `BatchTable` (on a GPU, its devi
                   hand:dict|None, # `{row: time}` of the last bucket's hand-over, on the table's time base; None without the hook
                   shift:float=0., # Taken off every time: the table's time base minus rank 0's clock
                   offset:float=0., accuracy:float=math.nan, note:str='', # The measured clock offset, its accuracy and a note, for the report
+                  ddp:bool|None=None, # Whether the model is `DistributedDataParallel` (None: not known)
                  ) -> dict:
     "What this rank sends rank 0: its train batches' `POINTS` on rank 0's clock, their runs and warmup, and the comm waits"
     m = table.matrix(MAX_BATCHES)
@@ -110,7 +111,7 @@ def rank_arrivals(table, # The recorder's train `BatchTable` (on a GPU, its devi
     hand = get(hand)
     pts = np.column_stack([hand if s == ARRIVE else m[:, s] for s, _ in POINTS] + [m[:, NEXT_DRAW]]) - shift
     return dict(index=idx, run=run, warm=pos < warmup, points=pts, waits=m[:, BEFORE_STEP] - hand, offset=float(offset),
-                accuracy=float(accuracy), hooked=not np.isnan(hand).all(), note=note)
+                accuracy=float(accuracy), hooked=not np.isnan(hand).all(), note=note, ddp=ddp)
 
 # %% ../nbs/16_arrivals.ipynb #1c726d9c
 def with_comm_wait(results:pd.DataFrame, arr:dict|None) -> pd.DataFrame:
@@ -137,12 +138,12 @@ def _collapses(X:np.ndarray, labels:list, tol:float):
     D = np.diff(X, axis=1)  # D[:, j-1]: the step ending at point j
     R, start = len(X), 0
     for k in range(1, X.shape[1]):
-        known = labels[k] is Step.COMM_WAIT  # the all-reduce's end: a sync whatever the spreads say
+        known = labels[k] is Step.COMM_WAIT  # the end of an all-reduce every rank's hook saw: a sync whatever the spreads say
         if S[k-1] > tol and (known or S[k] <= max(tol, S[k-1]/2)):
             a = k - 1
             last = int(np.argmax(X[:, a]))
             others = np.arange(R) != last
-            wait = X[last, a] - X[:, a]  # what each rank waited for the last (0 for it)
+            wait = np.minimum(X[last, a] - X[:, a], X[:, k] - X[:, a])  # what each rank waited for the last (0 for it): at most its own time in the step it waited in
             seg = D[:, start:a]
             exc = seg[last] - np.median(seg[others], axis=0)  # its steps since the ranks were last together, against the others'
             by = {}
@@ -165,6 +166,7 @@ def arrival_table(ranks:dict, tol:float=ARRIVAL_TOL) -> pd.DataFrame|None:
     acc = max((ranks[r]['accuracy'] for r in order if not math.isnan(ranks[r]['accuracy'])), default=math.nan)
     tol = max(tol, 3*acc) if not math.isnan(acc) else tol
     labels_row = [s for _, s in POINTS]
+    hand = [s for s, _ in POINTS].index(ARRIVE)  # the column of the last bucket's hand-over
     R, n = len(order), len(idx)
     late, waited, exits = np.zeros((R, n)), np.zeros((R, n)), []
     excess = {r: {} for r in range(R)}
@@ -174,6 +176,8 @@ def arrival_table(ranks:dict, tol:float=ARRIVAL_TOL) -> pd.DataFrame|None:
         X = np.concatenate([P[:, rows, :len(POINTS)].reshape(R, -1), P[:, rows[-1:], len(POINTS)]], axis=1)  # the run's points in order, then its last `other`'s end
         batch = np.concatenate([np.repeat(rows, len(POINTS)), rows[-1:]])
         labels = labels_row*len(rows) + [Step.OTHER]
+        for j in np.flatnonzero(np.isnan(X[:, hand::len(POINTS)]).any(0)):  # batches without a hand-over on every rank: no all-reduce seen,
+            labels[j*len(POINTS) + hand + 1] = Step.BACKWARD                # so no `comm_wait`: the point ends `backward`, a sync only if the spreads say so
         ok = ~np.isnan(X).any(0)  # points every rank marked (a cancelled step has none; no hook, no hand-over)
         X, batch, labels = X[:, ok], batch[ok], [l for l, o in zip(labels, ok) if o]
         for a, last, lateness, wait, where, by, after in _collapses(X, labels, tol):
@@ -204,8 +208,12 @@ def arrival_table(ranks:dict, tol:float=ARRIVAL_TOL) -> pd.DataFrame|None:
                      offsets={r: ranks[r]['offset'] for r in order}, exit_spread=float(np.mean(exits)) if exits else 0.,
                      excess={r: {str(k): v/ns for k, v in excess[i].items()} for i, r in enumerate(order)},
                      waited_in={r: {str(k): v/ns for k, v in wait_in[i].items()} for i, r in enumerate(order)},
-                     notes=sorted({ranks[r]['note'] for r in order if ranks[r]['note']}))
+                     notes=sorted({ranks[r]['note'] for r in order if ranks[r]['note']}), data_parallel=_all_or_none([ranks[r].get('ddp') for r in order]))
     return out
+
+def _all_or_none(flags:list) -> bool|None:
+    "True if every flag is, False if none is (and all are known), else None"
+    return True if all(f is True for f in flags) else False if all(f is False for f in flags) else None
 
 # %% ../nbs/16_arrivals.ipynb #9b55e6b6
 ARRIVAL_SHARE = 0.25  # of the rest of the median train iteration: the others waiting this long per batch for a rank make it a straggler
@@ -264,6 +272,9 @@ def arrival_text(table:pd.DataFrame|None) -> str:
     head = (f"Arrivals at the ranks' sync points ({a.get('steady', 0)} train batches, clocks on one base within "
             f"{format_duration(a.get('accuracy', math.nan)) or 'an unknown margin'}):")
     lines = [head]
+    if a.get('data_parallel') is False:
+        lines.append("  the ranks are not data-parallel: no rank's model is DistributedDataParallel, so no gradient all-reduce runs; "
+                     "the waits below are at the syncs the ranks' times show (fastai gathers each batch's loss from every rank, in `other`)")
     for row in table.to_dict('records'):
         late = (f"others wait {format_duration(row['Late'])}/batch for it ({row['Last Share']:.0%} of late batches), its excess in "
                 f"`{row['Late Step']}`" if row['Last Share'] > 0 and row['Late'] > a.get('tol', 0.) else 'never the one waited for')
@@ -293,7 +304,7 @@ class ArrivalWatch(Relay):
         rec, self.learn = self.rec, learn
         self.clock = rec.clock  # the host clock of the recorder's marks
         self.timer = getattr(rec, 'timer', None)  # an `EventRecorder`'s device timer: the hand-overs are device events
-        self.log, self.hooks, self.model, self.anchor = None, [], None, None
+        self.log, self.hooks, self.model, self.anchor, self.ddp = None, [], None, None, None
         self.offset, self.accuracy, self.note, self.started, self.measured = 0., math.nan, '', False, False
 
     def begin_phase(self, phase:Phase):
@@ -317,10 +328,11 @@ class ArrivalWatch(Relay):
         if self.measured and model is not self.model: self._hook(model)
 
     def _hook(self, model):
-        self.model = model
+        from torch.nn.parallel import DistributedDataParallel
+        self.model, self.ddp = model, isinstance(model, DistributedDataParallel)
         hook, why = hook_arrivals(model)
-        if hook is None:
-            self.note = f'rank {dist.get_rank()}: {why}; the bucket hand-overs are not timed, so a slow backward compute shows as waiting'
+        if hook is None:  # a DDP model's note says why; a model that is not DDP runs no all-reduce, which the report's lines say
+            if self.ddp: self.note = f'rank {dist.get_rank()}: {why}; the bucket hand-overs are not timed, so a slow backward compute shows as waiting'
             return
         if self.log is None: self.log = ArrivalLog(self.rec, None if self.timer is None else self.timer.record)
         hook.log = self.log
@@ -335,13 +347,13 @@ class ArrivalWatch(Relay):
         self.unhook()
         if not self.measured: return None
         hand, t = None if self.log is None else self.log.hand, self.timer
-        if t is None: return rank_arrivals(self.rec.tables[Phase.TRAIN], self.rec.warmup, hand, self.offset, self.offset, self.accuracy, self.note)
+        if t is None: return rank_arrivals(self.rec.tables[Phase.TRAIN], self.rec.warmup, hand, self.offset, self.offset, self.accuracy, self.note, self.ddp)
         t.synchronize()
         origin = self.rec.origin  # the device table's times are seconds from this event
         ev, host = self.anchor
         shift = self.offset + t.elapsed(origin, ev) - host  # device time from the origin, minus rank 0's clock
         hand = None if hand is None else {i: t.elapsed(origin, e) for i, e in hand.items()}
-        return rank_arrivals(self.rec.device[Phase.TRAIN], self.rec.warmup, hand, shift, self.offset, self.accuracy, self.note)
+        return rank_arrivals(self.rec.device[Phase.TRAIN], self.rec.warmup, hand, shift, self.offset, self.accuracy, self.note, self.ddp)
 
 # %% ../nbs/16_arrivals.ipynb #b5b20289
 def _data_parallel() -> bool:
@@ -351,7 +363,7 @@ def _data_parallel() -> bool:
 
 @register_feature
 class Arrivals(Feature):
-    "On the ranks of a DDP fit: when each rank reaches the gradient all-reduce (a DDP communication hook), the rank the others wait for, and where"
+    "On the ranks of a process group: when each rank reaches the gradient all-reduce (a DDP communication hook) and the other points where the ranks meet, the rank the others wait for, and where"
     name, default, order, shares, rules = 'arrivals', True, 30, True, (straggler_rank,)
     def relay(self, to, learn):
         if not _data_parallel(): self.why = 'not a data-parallel fit'; return None

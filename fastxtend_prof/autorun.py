@@ -8,7 +8,7 @@ __all__ = ['PROG', 'ENV_VAR', 'SITE_DIR', 'USAGE', 'UsageError', 'RunOptions', '
            'load_ipython_extension', 'unload_ipython_extension']
 
 # %% ../nbs/31_run.ipynb #585ef5ec
-import functools, importlib.abc, importlib.util, inspect, os, runpy, shlex, sys, tempfile, weakref
+import builtins, functools, importlib.abc, importlib.machinery, importlib.util, inspect, io, os, runpy, shlex, sys, tempfile, types, weakref
 from dataclasses import dataclass, field
 from pathlib import Path
 import fastxtend_prof
@@ -237,7 +237,7 @@ def _script_traceback(tb):
     keep = []
     while tb is not None:
         code = tb.tb_frame.f_code
-        if code not in (_FIT_CODE, run_target.__code__) and code.co_filename != _RUNPY: keep.append(tb)
+        if code not in (_FIT_CODE, run_target.__code__, _run_file.__code__) and code.co_filename != _RUNPY: keep.append(tb)
         tb = tb.tb_next
     for a, b in zip(keep, keep[1:]): a.tb_next = b
     if keep: keep[-1].tb_next = None
@@ -249,6 +249,18 @@ def _find_module(name:str):
     except (ImportError, ValueError) as e: raise UsageError(f'no module named {name!r}: {e}') from None
     if spec is None: raise UsageError(f'no module named {name!r}')
     return spec
+
+def _run_file(path:str):
+    "Run the Python file at `path` as `python PATH` does: in a module `__main__` whose `__file__` and code carry the absolute path (Python ≥ 3.9 gives the script both), with the globals Python gives a script; `sys.argv` as the caller set it"
+    full = os.path.abspath(path)
+    with io.open_code(full) as f: code = compile(f.read(), full, 'exec', dont_inherit=True)  # bytes: the file's coding cookie decides, as for python
+    main = types.ModuleType('__main__')
+    main.__dict__.update(__file__=full, __cached__=None, __loader__=importlib.machinery.SourceFileLoader('__main__', full),
+                         __package__=None, __spec__=None, __builtins__=builtins, __annotations__={})
+    saved = sys.modules.get('__main__')
+    sys.modules['__main__'] = main  # what the script's `import __main__`, and pickle's lookups of its classes, find
+    try: exec(code, main.__dict__)
+    finally: sys.modules['__main__'] = saved
 
 def run_target(o:RunOptions) -> int:
     "Run `o.target` as `python SCRIPT args` (or `python -m MODULE args`) would, every fit profiled with `o`'s options; its exit status"
@@ -262,7 +274,8 @@ def run_target(o:RunOptions) -> int:
         install(o.out, o.report)
         try:
             if o.module: runpy.run_module(o.target, run_name='__main__', alter_sys=True)
-            else: runpy.run_path(o.target, run_name='__main__')
+            elif os.path.isfile(o.target): _run_file(o.target)
+            else: runpy.run_path(o.target, run_name='__main__')  # a folder or zip with a __main__.py
             return 0
         except SystemExit as e: return _exit_status(e.code)
         except Exception as e:

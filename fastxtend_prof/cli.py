@@ -8,11 +8,7 @@ __all__ = ['RUN_HELP', 'demo_device', 'parser', 'compare_command', 'report_comma
 
 # %% ../nbs/10_cli.ipynb #168568d7
 import argparse, math, sys, time, warnings
-# fastai compiles a few layers with `torch.jit.script` as it is imported, which torch 2.14 deprecates with a FutureWarning:
-# nothing a user of this command can act on, and it would break the promise that a bad option costs one line of stderr
-warnings.filterwarnings('ignore', message=r'`torch\.jit\.script` is deprecated', category=FutureWarning)
 from .defaults import DEVICES, ALPHA, MIN_CHANGE, MIN_SHARE, ASKED, FORMATS
-from .recorder import SYNC_MODES
 from typing import TYPE_CHECKING
 if TYPE_CHECKING: import torch  # for `demo_device`'s annotation: the commands import torch only where they need it
 
@@ -47,6 +43,7 @@ RUN_HELP = 'profile every fit of a fastai script, unchanged: run SCRIPT [args...
 
 def parser():
     "The `fastxtend-prof` argument parser (`run` is listed, but `main` hands it its arguments before this parser sees them)"
+    from fastxtend_prof.recorder import SYNC_MODES  # numpy: here, so that `run` starts the script before anything of it is imported
     p = _OneLineErrors(prog='fastxtend-prof', description='Profile a short fastai training run and print where the time went.')
     sub = p.add_subparsers(dest='command', parser_class=_OneLineErrors)
     d = sub.add_parser('demo', help='profile a small CNN on scikit-learn digits (the default command)')
@@ -266,7 +263,16 @@ def main(argv=None):
     argv = sys.argv[1:] if argv is None else [str(o) for o in argv]
     if argv[:1] == ['run']:  # before any parsing: what follows is `run`'s and the script's (`run --help` included)
         from fastxtend_prof import autorun
-        return autorun.main(argv[1:])
+        return autorun.main(argv[1:])  # the script's Python as `python` would have it: no filter of ours
+    with warnings.catch_warnings():
+        # fastai compiles a few layers with `torch.jit.script` as it is imported, which torch 2.14 deprecates with a
+        # FutureWarning: nothing a user of these commands can act on, and it would break the promise that a bad option costs
+        # one line of stderr. Filtered while a command runs, not for the process: importing this module changes nothing
+        warnings.filterwarnings('ignore', message=r'`torch\.jit\.script` is deprecated', category=FutureWarning)
+        return _command(argv)
+
+def _command(argv:list) -> int:
+    "Parse `argv` (all but `run`) and run its command"
     a, extra = parser().parse_known_args(argv)
     if a.command == 'run': return _error(None, 'put `run` first: fastxtend-prof run SCRIPT [args...] or fastxtend-prof run -m MODULE [args...]')
     if a.command == 'report' and extra and not extra[0].startswith('-'):

@@ -352,14 +352,14 @@ def _present(self:SimpleProfilerCallback, learn, r:ProfileResult, hub=None):
             show_report(r.report, self.plain, self.markdown, title=r.title)
             for t in r.lines(): print(t)
         saved = self._save_files(learn, r)
-        if self.show_report and saved: print('Saved: ' + '; '.join(f'{what} to {p}' for what, p in saved))
+        if self.show_report and saved: print('Saved: ' + '; '.join(what if p is None else f'{what} to {p}' for what, p in saved))
     finally:
         if self.show_report: show_advice(r.advice)
         if hub is not None: hub.after_fit(learn, r.results, r.report)
 
 @patch
 def _save_files(self:SimpleProfilerCallback, learn, r:ProfileResult):
-    "CSV, JSON, chart and page, as asked (with the CSV: on rank 0 of a distributed fit the per-rank CSV, and each feature's `tables`): `[(what, path)]` written"
+    "CSV, JSON, chart and page, as asked (with the CSV: on rank 0 of a distributed fit the per-rank CSV, and each feature's `tables`): `[(what, path)]` written, `(why not, None)` for what a fit without batches can't have"
     out, saved = self._files if self._files is not None else self.outputs(learn.path), []
     if 'csv_name' in out:
         saved.append(('results', _write(save_results, r.to_save(), out['csv_name'], 'CSV')))
@@ -372,7 +372,9 @@ def _save_files(self:SimpleProfilerCallback, learn, r:ProfileResult):
                 saved.append((name, _write(save_results, df, at, f'{name} CSV')))
     run = r.saved(learn, timeline='html' in out) if 'save_json' in out or 'html' in out else None  # the run as its file holds it, and its page shows it
     if 'save_json' in out: saved.append(('JSON', _write(save_profile, run, out['save_json'], 'JSON')))
-    if 'plot' in out: saved.append(('chart', save_plots(learn, out['plot'])))
+    if 'plot' in out:  # a fit that stopped before its first batch has no steps to draw: the rest is written, and the line says so
+        ran = r.results.Phase.isin([Phase.TRAIN, Phase.VALID]).any()
+        saved.append(('chart', save_plots(learn, out['plot'])) if ran else ('no chart (no batch ran)', None))
     if 'html' in out:
         from fastxtend_prof.page import save_html  # plotly, which `html=` asked for
         saved.append(('page', _write(save_html, run, out['html'], 'HTML page')))

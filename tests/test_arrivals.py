@@ -50,7 +50,10 @@ def _fit(learn, epochs=1, profiling=False):
         learn.fit(epochs)
     r = learn.profile_result
     adv = [(a.rule, a.evidence.get('rank'), a.evidence.get('step')) for a in r.advice]
-    return dict(advice=adv, table=r.arrivals, results=r.results, merged=r.merged_results)
+    import pandas as pd
+    from fastxtend_prof.arrivals import arrival_text
+    text = arrival_text(r.arrivals) if isinstance(r.arrivals, pd.DataFrame) else ''
+    return dict(advice=adv, table=r.arrivals, results=r.results, merged=r.merged_results, text=text)
 
 def _ddp_tabular(profiled):
     "fastai's tabular application (test_applications' data and Learner) under DDP, `fit_one_cycle` from one seed: its `state`"
@@ -157,6 +160,8 @@ def test_the_slow_rank_and_step_are_named(runs, case):
     assert got == [(SLOW, case)], f'{case}: {got}\n{_show(recs[0][case]["table"])}'
     t = recs[0][case]['table']
     assert t.set_index('Rank').Late.idxmax() == SLOW and t.Late.max() > 0.5*DELAY
+    assert (t.Waited <= t.attrs['iteration_s']).all(), f'a wait longer than the iteration\n{_show(t)}'
+    assert t.attrs['data_parallel'] is True and 'not data-parallel' not in recs[0][case]['text']
 
 def test_a_balanced_run_names_nobody(runs):
     world, recs = runs
@@ -230,3 +235,69 @@ def test_a_straggler_that_changes_names_both(runs):
     assert got == [(r, 'forward') for r in TURNS[world]], f'{got}\n{_show(r0["table"])}'
     share = r0['table'].set_index('Rank')['Last Share']
     assert all(0.3 <= share[r] <= 0.7 for r in TURNS[world]), _show(r0['table'])
+
+# ------------------------------------------------------------------ ranks that are not data-parallel, under torchrun
+# Two gloo ranks launched by `torchrun`, each the benchmark's Learner with its model left unwrapped (no DDP: as when
+# fastai's `distrib_ctx` does not wrap it, or users sync gradients by hand). No all-reduce runs; the ranks meet only
+# where fastai's `Recorder` gathers each batch's loss from every rank, after the batch (`other`).
+NO_DDP = r'''
+import argparse, pickle, sys
+from pathlib import Path
+import torch, torch.distributed as dist
+out, bench_dir, delay, work = sys.argv[1], sys.argv[2], float(sys.argv[3]), float(sys.argv[4])
+sys.path.insert(0, bench_dir)
+import ddp_straggler as bench
+import fastxtend_prof.all  # noqa: F401
+from fastxtend_prof.arrivals import arrival_text
+torch.set_num_threads(1)
+dist.init_process_group('gloo')  # torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+rank, rec = dist.get_rank(), {}
+for case in ('none', 'forward'):
+    learn = bench.learner(rank, case, argparse.Namespace(batches=20, bs=8, delay=delay, work=work, sleep=True, ddp=False))
+    learn.profile(show_report=False)
+    learn.fit(1)
+    r = learn.profile_result
+    rec[case] = dict(model=type(learn.model).__name__, results=r.results, table=r.arrivals, text=arrival_text(r.arrivals) if rank == 0 else '',
+                     advice=[(a.rule, a.evidence.get('rank'), a.evidence.get('step'), a.evidence.get('others_wait_in')) for a in r.advice])
+dist.destroy_process_group()
+Path(out, f'rank{rank}.pkl').write_bytes(pickle.dumps(rec))
+'''
+
+@pytest.fixture(scope='module')
+def no_ddp(tmp_path_factory):
+    "Both ranks' records of a balanced fit and one with rank 1 slow in forward (`DELAY`, slept), the models not wrapped in DDP"
+    import subprocess
+    d = tmp_path_factory.mktemp('no_ddp')
+    (d/'no_ddp.py').write_text(NO_DDP)
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, [str(root), os.environ.get('PYTHONPATH')])),
+           'PYTHONWARNINGS': 'ignore::FutureWarning', 'OMP_NUM_THREADS': '1'}
+    p = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--nproc_per_node', '2', '--master_port', str(bench.free_port()),
+                        str(d/'no_ddp.py'), str(d), str(root/'benchmarks'), str(DELAY), str(WORK)],
+                       capture_output=True, text=True, timeout=RUN_LIMIT, cwd=d, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    return {r: pickle.loads((d/f'rank{r}.pkl').read_bytes()) for r in range(2)}
+
+@pytest.mark.parametrize('case', ['none', 'forward'])
+def test_no_all_reduce_wait_without_ddp(no_ddp, case):
+    "No rank's model is DDP: no `comm_wait` row, no wait placed at an all-reduce, and the lines say the ranks are not data-parallel"
+    for r in range(2):
+        rec = no_ddp[r][case]
+        assert rec['model'] == 'Model' and not (rec['results'].Step == 'comm_wait').any()
+    t, text = no_ddp[0][case]['table'], no_ddp[0][case]['text']
+    assert t is not None, 'no arrival table'
+    assert 'comm_wait' not in t['Waited In'].tolist() and not any('comm_wait' in w for w in t.attrs['waited_in'].values()), _show(t)
+    assert 'comm_wait' not in text and 'not data-parallel' in text, text
+    assert t.attrs['data_parallel'] is False
+
+def test_a_wait_is_never_longer_than_the_iteration(no_ddp):
+    "Rank 1 slow in forward: rank 0 waits for it once per batch, at fastai's gather of the loss (`other`), not a second time at an all-reduce that never ran"
+    rec = no_ddp[0]['forward']
+    t = rec['table']
+    it = t.attrs['iteration_s']
+    assert (t.Waited <= it).all(), _show(t)
+    w = t.set_index('Rank')
+    assert w.at[0, 'Waited In'] == 'other' and w.at[0, 'Waited'] > 0.5*DELAY, _show(t)
+    got = [(r, s, where) for rule, r, s, where in rec['advice'] if rule == 'straggler_rank']
+    assert got == [(SLOW, 'forward', 'other')], f'{got}\n{_show(t)}'
+    assert [a for a in no_ddp[0]['none']['advice'] if a[0] == 'straggler_rank'] == [], _show(no_ddp[0]['none']['table'])

@@ -778,3 +778,33 @@ def test_unwritable_target_fails_at_profile(fmt, tmp_path):
     opt = 'csv_name' if fmt == 'csv' else 'save_json'
     with pytest.raises(ValueError, match=opt): learn.profile(**save_kw(fmt, f'blocker/out.{fmt}'))
     assert list(learn.cbs) == before and sorted(p.name for p in tmp_path.iterdir()) == ['blocker']
+
+def test_fit_failing_before_its_first_batch_writes_what_it_has(tmp_path, capsys):
+    """A loader that fails at the first batch, with a CSV, a JSON and a chart asked for: the fit's own exception comes out,
+    the CSV and JSON are written, and the report's Saved line names them and says why there is no chart. The chart once
+    raised (`results` holds no train or valid rows), which showed as a `fit_ended failed` warning and lost the Saved line"""
+    learn = synth(path=tmp_path)
+    def broken(b): raise RuntimeError('the loader broke')
+    learn.dls.train.create_batch = broken
+    learn.profile(save_csv='p.csv', save_json='p.json', plot='p.png')
+    with warnings.catch_warnings(record=True) as caught, pytest.raises(RuntimeError, match='the loader broke'):
+        warnings.simplefilter('always')
+        learn.fit(1)
+    out = capsys.readouterr().out
+    assert not [str(w.message) for w in caught if 'Simple Profiler' in str(w.message) or 'fit_ended' in str(w.message)]
+    assert 'partial: the fit stopped with RuntimeError' in out
+    saved = next(line for line in out.splitlines() if line.startswith('Saved: '))
+    assert saved == f"Saved: results to {tmp_path/'p.csv'}; JSON to {tmp_path/'p.json'}; no chart (no batch ran)", saved
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['p.csv', 'p.json']
+    assert_clean(learn)
+
+def test_a_removed_name_says_what_replaced_it():
+    "`learn.profile_advice` (gone since the results moved to `learn.profile_result`) fails with one line naming the replacement, not fastai's 'RegModel' has no attribute"
+    learn = synth()
+    learn.profile(show_report=False)
+    learn.fit(1)
+    with pytest.raises(AttributeError) as e: learn.profile_advice
+    assert str(e.value) == '`learn.profile_advice` was removed: use `learn.profile_result.advice`'
+    assert e.value.__context__ is None  # one error, not one raised while handling another
+    with pytest.raises(AttributeError, match='no profiled fit yet'): synth().simple_profile_results
+    assert learn.a is learn.model.a  # other names still go on to the model

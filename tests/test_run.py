@@ -126,6 +126,39 @@ def test_exit_status_is_the_scripts(tmp_path):
     p = run(s, 'giving up')
     assert (p.returncode, p.stderr) == (1, 'giving up\n')
 
+SAME_AS_PYTHON = '''
+    import os, signal, sys, warnings
+    warnings.warn("the script's own warning", FutureWarning)
+    warnings.warn('a deprecation in __main__', DeprecationWarning)
+    print('argv', sys.argv, 'file', __file__, 'name', __name__)
+    print('globals', sorted((k, type(v).__name__) for k, v in globals().items()), __package__, __spec__)
+    print('main', sys.modules['__main__'].__dict__ is globals(), 'path0', sys.path[0], 'filters', len(warnings.filters))
+    os.chdir(sys.argv[1])
+    print('cwd', os.getcwd())
+    got = []
+    signal.signal(signal.SIGUSR1, lambda s, f: got.append(s))
+    os.kill(os.getpid(), signal.SIGUSR1)
+    print('signal', got, signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    import fastai.basics  # torch warns of `torch.jit.script` as fastai imports: python shows it, so must run
+    sys.exit(3)
+'''
+
+def test_script_sees_the_python_it_would_under_python(tmp_path):
+    """As typed, `fastxtend-prof run SCRIPT` (the CLI's entry, not autorun's): the same stdout, stderr and exit status as
+    `python SCRIPT`: its warnings shown (the CLI's filter for torch's FutureWarning once hid them, process-wide), the
+    same warning filters, `__file__` absolute and the globals Python gives a script (runpy gave a relative one, no
+    loader), `sys.argv` as given, the working folder it moves to, its signal handlers; importing the CLI changes no filter"""
+    s = write(tmp_path/'same.py', SAME_AS_PYTHON)
+    e = env()
+    del e['PYTHONWARNINGS']  # the filters python starts with
+    go = lambda *pre: subprocess.run([sys.executable, *pre, s.name, str(tmp_path)], capture_output=True, text=True, timeout=TIMEOUT, cwd=tmp_path, env=e)
+    plain, profiled = go(), go('-m', 'fastxtend_prof', 'run')
+    assert plain.returncode == 3 and "FutureWarning: the script's own warning" in plain.stderr and 'torch.jit.script' in plain.stderr
+    assert (profiled.returncode, profiled.stdout, profiled.stderr) == (plain.returncode, plain.stdout, plain.stderr)
+    quiet = subprocess.run([sys.executable, '-c', 'import warnings; f = list(warnings.filters); import fastxtend_prof.cli; assert warnings.filters == f, warnings.filters[:2]'],
+                           capture_output=True, text=True, timeout=TIMEOUT, env=e)
+    assert quiet.returncode == 0, quiet.stderr
+
 def test_bad_command_lines(tmp_path):
     "Bad options, a missing script or module, an --out that can't be written: one line on stderr, exit 2, nothing run"
     s = write(tmp_path/'ran.py', 'open(__file__ + ".ran", "w").close()\n')
