@@ -7,7 +7,7 @@ __all__ = ['RUN_HELP', 'demo_device', 'parser', 'compare_command', 'report_comma
            'tune_command', 'demo_command', 'main']
 
 # %% ../nbs/10_cli.ipynb #168568d7
-import argparse, math, sys, time, warnings
+import argparse, importlib.util, math, sys, time, warnings
 from .defaults import DEVICES, ALPHA, MIN_CHANGE, MIN_SHARE, ASKED, FORMATS
 from typing import TYPE_CHECKING
 if TYPE_CHECKING: import torch  # for `demo_device`'s annotation: the commands import torch only where they need it
@@ -247,6 +247,8 @@ def demo_command(a) -> int:
     "`fastxtend-prof demo` (the default command): the files and the device checked, then the demo trained; 2 with one line on bad input"
     try:
         out = _outputs(a)  # where each file goes, checked before anything is trained
+        if a.html is not None and importlib.util.find_spec('plotly') is None:  # not a traceback after training
+            raise ValueError("--html draws the page's charts with plotly, which this environment lacks: pip install 'fastxtend-prof[html]' (or plotly)")
         demo_device(a.device)  # last: it imports torch; a machine without CUDA gets one line, before anything is built
     except ValueError as e: return _error(None, e)
     import torch

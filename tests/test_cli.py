@@ -171,3 +171,17 @@ def test_demo_save_json_then_compare(tmp_path):
     assert p.returncode == 0 and p.stdout.startswith('Compared with the baseline: train iteration'), p.stdout + p.stderr
     assert run_light([['compare', 'a.json', 'b.json'], ['compare', 'a.json', 'b.json', '--fail-if-slower', '1000', '--step', 'train/nosuch']],
                      tmp_path) == '[0, 2] []'   # an unknown step is refused with the gate; neither needs torch
+
+def test_html_without_plotly_is_one_line_before_training(tmp_path):
+    """`--html` where plotly is not installed (the demo's own environment had none): one line saying what to install, exit
+    2, before anything is trained. It was a 24-line traceback after training. plotly is hidden from this process only"""
+    (tmp_path/'plotly').mkdir()  # a package that can't be imported stands first on the path: as if plotly were not there
+    (tmp_path/'plotly'/'__init__.py').write_text("raise ImportError('no plotly here')\n")
+    hide = "import importlib.util as u; f = u.find_spec; u.find_spec = lambda n, *a: None if n.split('.')[0] == 'plotly' else f(n, *a)\n"
+    p = subprocess.run([sys.executable, '-c', hide + "import sys; from fastxtend_prof.cli import main; sys.exit(main(sys.argv[1:]))",
+                        '--html', 'page.html', '--epochs', '1', '--device', 'cpu', '--no-progress'],
+                       capture_output=True, text=True, timeout=300, cwd=tmp_path, env=dict(os.environ, MPLBACKEND='Agg'))
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and len(lines) == 1, p.stderr[-3000:]
+    assert lines[0].startswith('fastxtend-prof: error: --html') and "pip install 'fastxtend-prof[html]'" in lines[0], lines
+    assert 'Simple Profiler report' not in p.stdout and not (tmp_path/'page.html').exists()
