@@ -1,42 +1,60 @@
 """Two real profiles compared: a known delay injected in one step is found there, by about its size, and charged to no
 other step; identical configurations come out unchanged; raw rows, summaries and the two mixed; the CLI gate's exit codes.
 
-The fits are real, on the real clock: the comparison's statistics are about real, noisy per-batch times. What a loaded
-machine can change is kept out of what is asserted:
+The fits are real, and so are the comparison's statistics: real, noisy per-batch times. What a loaded machine can
+change is kept out of what is asserted:
+- The recorders read this thread's CPU time (`JumpClock`), not the wall clock: what each step computed, which a loaded
+  machine's scheduler cannot lengthen. On the wall clock a batch the scheduler set aside took hundreds of milliseconds
+  where its neighbours took 3: at a load of about 15 on 2 cores the small MLP's iteration averaged 62 ms against a
+  median of 3, and the interval of the mean's change spanned -10% to +100%, so a 30 ms delay (+34%) was not significant.
 - The delay that must be found is added to the recorder's clock (`DelayInStep`), not spun. A spin is real time that the
   profiler rightly charges, but it changes how a loaded machine schedules the whole batch: with 4 ms spun before each
   optimizer step, the slow run's opt_step grew by 8.4 ms in one run, and its backward, which does the same work in both runs, by
   1.2 ms of mean and 4 ms of median, significantly. With the delay on the clock both runs do the same real work, so
   whatever the load does falls on both alike, and every slow opt_step holds at least the delay.
-- Identical configurations are one Learner's batches dealt alternately into two profiles: two Learners fitting in turn
-  see a loaded machine differently fit by fit (their iterations came out over 15% apart, significantly, and that
-  difference was real), which no test on the comparison can tell from a change.
-The CLI gate and the baseline option get their delay on the clock too: on a real 4 ms spin, CI's load stretched the
-iteration to 37 ms, the spin came out +12% of it, under the 15% a change needs, and the gate passed a slower run."""
+- The two runs compared are one Learner's batches, dealt into two profiles (`halves`): two Learners fitting in turn see a
+  loaded machine differently fit by fit (their iterations came out over 15% apart, significantly, and that difference was
+  real), which no test on the comparison can tell from a change. With the delay, it falls on every other steady batch and
+  those batches make the slow run: the base and the slow run are the same fits, batch beside batch, and differ by the
+  delay alone. (Two Learners in turn, at a load of about 13 on 2 cores: the slow one's iteration median moved 40 ms for a
+  10 ms delay, and a 30 ms delay came out +15% of the iteration, under the 15% a change needs, so the gate passed.)
+- The runs with a delay train a small MLP (`SMALL`): its real work, which load stretches without bound, stays small
+  against the delay, which load cannot stretch (at a load of about 13 the larger MLP's iteration averaged 91 ms, and
+  10 ms of delay was +11% of it, under the 15% a change needs)."""
 import gc, json, subprocess, sys, time
-import pytest, torch
+import numpy as np, pytest, torch
 from torch import nn
 from fastai.basics import Learner, DataLoaders, Callback, CrossEntropyLossFlat
 from fastxtend_prof.all import *
 from fastxtend_prof.compare import compare_profiles, slower_than, profile_of, SavedProfile
+from fastxtend_prof.recorder import StepSummary
+from fastxtend_prof.saved import save_profile
 from conftest import recorder_with
 
 DELAY = 10e-3  # s added to opt_step's time: several times the step's own, and far above what load makes two runs of the same work differ by
 GATE_DELAY = 3*DELAY  # s added to opt_step's time for the CLI gate and the baseline option: on the injected clock, so it
 # costs no real time and stays a known share of the iteration however slow load makes the rest (a 4 ms spin was +12% of
 # a 37 ms loaded iteration, under the 15% a change needs to count, and the gate let it pass)
+SMALL = dict(bs=16, width=32)  # the MLP of the runs with a delay: 2.6 ms an iteration at the median at a load of about 13 (the default one: 13 ms)
 
 class JumpClock:
-    "The recorders' clock: the real one, plus the seconds `DelayInStep` added"
+    "The recorders' clock: this thread's CPU time (the fit runs in one thread: `one_thread`, no loader workers), plus the seconds `DelayInStep` added"
     ahead = 0.0
-    def __call__(self): return time.perf_counter() + self.ahead
+    def __call__(self): return time.thread_time() + self.ahead
 
 CLOCK = JumpClock()
 
 class DelayInStep(Callback):
-    "Adds `s` seconds to the recorders' clock before each optimizer step (it lands in `opt_step`): a known delay, no real work"
-    def __init__(self, s): self.s = s
-    def before_step(self): CLOCK.ahead += self.s
+    """Adds `s` seconds to the recorders' clock before the optimizer step (it lands in `opt_step`): a known delay, no real
+    work. Before each step, or with `alternate` before that of every other steady train batch (those after the first
+    `warmup` of each loop, which is what the profile's per-batch durations hold): `slow` says which of them got it"""
+    def __init__(self, s, alternate=False, warmup=1): self.s, self.alternate, self.warmup, self.slow = s, alternate, warmup, []
+    def before_step(self):
+        if self.alternate:
+            if self.iter < self.warmup: return
+            self.slow.append(len(self.slow) % 2 == 1)
+            if not self.slow[-1]: return
+        CLOCK.ahead += self.s
 
 def mlp_learner(cbs=(), n=60, bs=128, width=512, path='.'):
     "A Learner whose steps take milliseconds, on random data that is the same for every call"
@@ -54,32 +72,43 @@ def one_thread():
     yield
     torch.set_num_threads(n)
 
-def interleaved(a_cbs=(), b_cbs=(), rounds=4, a_kw=None, b_kw=None):
-    "Profiles of two Learners whose fits alternate `rounds` times, so that a slow drift of the machine falls on both; timed on `CLOCK`"
-    a, b = mlp_learner(a_cbs), mlp_learner(b_cbs)
-    with a.no_logging(), b.no_logging(), recorder_with(CLOCK):
-        a.fit(1)  # the process's first fit pays one-off costs (allocator, kernels): not part of either profile
-        gc.collect(); gc.disable()  # earlier tests' garbage, collected in the middle of one run's fit, would slow that run alone
+def profiled(learn, rounds=4, cbs=(), **kw):
+    "`learn` profiled over `rounds` fits on `CLOCK`, with `cbs` added after a first, unprofiled fit: its `SavedProfile`"
+    with learn.no_logging(), recorder_with(CLOCK):
+        learn.fit(1)  # the process's first fit pays one-off costs (allocator, kernels): not part of the profile
+        learn.add_cbs(cbs)
+        gc.collect(); gc.disable()  # earlier tests' garbage, collected in the middle of one fit, would slow some batches alone
         try:
-            with a.profiling(show_report=False, **(a_kw or {})), b.profiling(show_report=False, **(b_kw or {})):
-                for _ in range(rounds): a.fit(1); b.fit(1)
-        finally: gc.enable()
-    return a, b
+            with learn.profiling(show_report=False, **kw):
+                for _ in range(rounds): learn.fit(1)
+        finally: gc.enable(); learn.remove_cbs(cbs)
+    return profile_of(learn)
+
+def summarized(p:SavedProfile) -> SavedProfile:
+    "`p` with each per-batch array folded into the `StepSummary` a profile keeps with `keep_raw=False`"
+    return SavedProfile(p.results, p.metadata, {k: StepSummary().update(v) for k, v in p.distributions.items()}, p.source + ', summaries')
+
+def with_delay(delay=DELAY, rounds=4):
+    """The base and the slow run: one small Learner's steady batches, those with `delay` added to their opt_step (every
+    other one) in the slow run and the rest in the base. The same fits, batch beside batch: whatever the machine did
+    falls on both alike"""
+    cb = DelayInStep(delay, alternate=True)
+    p = profiled(mlp_learner(**SMALL), rounds, [cb])
+    slow = np.array(cb.slow)
+    def part(v, phase, which):
+        if phase == 'train' and isinstance(v, np.ndarray) and len(v) == len(slow): return v[slow == which]  # a step's every steady batch
+        return v[int(which)::2]  # the valid loop (no optimizer step), and any step not timed in every batch: dealt alternately
+    out = [SavedProfile(p.results, p.metadata, {k: part(v, k[0], which) for k, v in p.distributions.items()}, name)
+           for which, name in ((False, 'batches without the delay'), (True, f'batches with {delay*1e3:g} ms added to opt_step'))]
+    assert len(out[1].distributions[('train', 'opt_step')]) == slow.sum() >= 100  # every train step's array was split by the delay
+    return out
 
 def halves(drift=0., rounds=4):
     """One Learner profiled over `rounds` fits, its batches dealt alternately into two profiles: the same configuration
     twice, on the same machine batch by batch. With `drift`, the second is the first's own batches, every time made
     `drift` percent longer: a real difference and nothing else (on two busy cores alternate batches alone came out 8%
     apart, which on top of a 10% drift crossed `min_change`; drift 0 is the check against the machine's noise)"""
-    learn = mlp_learner()
-    with learn.no_logging():
-        learn.fit(1)  # one-off costs, as in `interleaved`
-        gc.collect(); gc.disable()
-        try:
-            with learn.profiling(show_report=False):
-                for _ in range(rounds): learn.fit(1)
-        finally: gc.enable()
-    p = profile_of(learn)
+    p = profiled(mlp_learner(), rounds)
     if drift: return [SavedProfile(p.results, p.metadata, {k: v[0::2]*(1 + i*drift/100) for k, v in p.distributions.items()},
                                    'batches 0, 2, ...' + (f' made {drift}% longer' if i else '')) for i in (0, 1)]
     return [SavedProfile(p.results, p.metadata, {k: v[i::2] for k, v in p.distributions.items()}, f'batches {i}, {i + 2}, ...')
@@ -99,7 +128,7 @@ def assert_found_in_opt_step(t):
     assert moved(t)['opt_step'] >= 0.5*moved(t)['iteration'], t[['Base Median', 'New Median']]
 
 def test_injected_delay_is_found_in_its_step_only():
-    base, slow = interleaved(b_cbs=[DelayInStep(DELAY)], rounds=6)   # more turns than elsewhere: drift of the machine evens out better
+    base, slow = with_delay(rounds=6)
     cmp = compare_profiles(base, slow)
     t = rows(cmp)
     print(cmp[['Phase', 'Step', 'Base Mean', 'New Mean', 'Change %', 'Of Iteration %', 'p-value', 'Result']].to_string())
@@ -108,8 +137,8 @@ def test_injected_delay_is_found_in_its_step_only():
     assert_found_in_opt_step(t)
     assert t.loc['iteration', 'Result'] == 'slower' and slower_than(cmp, 10)
     # The delay is charged to its step: every other step moved by a fraction of what opt_step moved (a delay charged twice
-    # would move a second step as much). Whether another step is called significant is left to the machine: two Learners
-    # doing the same work in turn can differ by that much under load (see the identical configurations below)
+    # would move a second step as much). Whether another step is called significant is left to the machine: alternate
+    # batches of one run can differ by that much under load (see the identical configurations below)
     others = t.drop(['opt_step', 'batch', 'iteration'])
     assert (moved(others).abs() < 0.5*moved(t)['opt_step']).all(), others[['Base Median', 'New Median', 'Change %', 'Result']]
     assert cmp.attrs['verdict'].startswith('train iteration') and 'opt_step +' in cmp.attrs['verdict']
@@ -135,10 +164,12 @@ def test_identical_configurations_come_out_unchanged(drift):
 
 @pytest.mark.parametrize('kinds', [(True, True), (False, False), (True, False)], ids=['raw', 'summaries', 'mixed'])
 def test_raw_summaries_and_mixed(kinds):
-    base, slow = interleaved(b_cbs=[DelayInStep(DELAY)], a_kw=dict(keep_raw=kinds[0]), b_kw=dict(keep_raw=kinds[1]))
-    t = rows(compare_profiles(base, slow))
+    runs = with_delay()
+    t = rows(compare_profiles(*(p if raw else summarized(p) for p, raw in zip(runs, kinds))))
     assert t.loc['opt_step', 'Result'] == 'slower'
-    assert_found_in_opt_step(t)   # the exact mean, from raw rows and from summaries alike
+    assert_found_in_opt_step(t)
+    for w, p in zip(('Base', 'New'), runs):  # the exact mean, from raw rows and from summaries alike
+        assert t.loc['opt_step', f'{w} Mean'] == pytest.approx(p.distributions[('train', 'opt_step')].mean(), rel=1e-9)
     assert t.loc['opt_step', 'Test'] == ('Mann-Whitney U' if all(kinds) else 'Welch t')
 
 def run_cli(*args):
@@ -146,12 +177,13 @@ def run_cli(*args):
 
 @pytest.fixture(scope='module')
 def saved(tmp_path_factory):
-    "base.json and slow.json: two interleaved profiles saved the way a user saves them"
+    "base.json and slow.json: a run without and with the delay (`with_delay`), saved the way a profile saves itself"
     d = tmp_path_factory.mktemp('profiles')
     n = torch.get_num_threads()
     torch.set_num_threads(1)
-    try: interleaved(b_cbs=[DelayInStep(GATE_DELAY)], a_kw=dict(save_json=d/'base.json'), b_kw=dict(save_json=d/'slow.json'))
+    try: base, slow = with_delay(GATE_DELAY)
     finally: torch.set_num_threads(n)
+    save_profile(base, d/'base.json'); save_profile(slow, d/'slow.json')
     return d
 
 def test_cli_gate_exit_codes(saved, tmp_path):
@@ -162,8 +194,9 @@ def test_cli_gate_exit_codes(saved, tmp_path):
     assert faster.returncode == 0 and 'gate passed' in faster.stdout, faster.stdout + faster.stderr
     assert run_cli(saved/'base.json', saved/'base.json', '--fail-if-slower', 0).returncode == 0
     assert run_cli(saved/'base.json', saved/'slow.json').returncode == 0   # no gate asked for: a report only
-    assert run_cli(saved/'base.json', saved/'slow.json', '--fail-if-slower', 10_000).returncode == 0   # slower, but not by that much
-    assert run_cli(saved/'base.json', saved/'slow.json', '--fail-if-slower', 10, '--min-share', 1000).returncode == 0   # no change that large is asked for
+    # the delay is many times the small MLP's iteration of CPU time (30 ms on about 2.5: +1,100%), and far from these
+    assert run_cli(saved/'base.json', saved/'slow.json', '--fail-if-slower', 100_000).returncode == 0   # slower, but not by that much
+    assert run_cli(saved/'base.json', saved/'slow.json', '--fail-if-slower', 10, '--min-share', 100_000).returncode == 0   # no change that large is asked for
     assert run_cli(saved/'base.json', saved/'slow.json', '--min-share', -1).returncode == 2
 
 @pytest.mark.parametrize('case', ['missing', 'not-json', 'foreign', 'newer', 'damaged', 'bad-step'])
@@ -181,7 +214,7 @@ def test_cli_bad_input_is_one_line_and_exit_2(case, saved, tmp_path):
     assert p.stdout == ''
 
 def test_baseline_option_shows_the_comparison_and_advice(saved, capsys):
-    learn = mlp_learner([DelayInStep(GATE_DELAY)]).profile(baseline=saved/'base.json', plain=True)
+    learn = mlp_learner([DelayInStep(GATE_DELAY)], **SMALL).profile(baseline=saved/'base.json', plain=True)
     with learn.no_logging(), recorder_with(CLOCK): learn.fit(1)
     out = capsys.readouterr().out
     assert 'Compared with the baseline: train iteration' in out

@@ -3,6 +3,7 @@ compute-bound run alone, survives a trial that fails, stays in its budget, and p
 training that follows is bit-identical to one without it (synthetic, vision with `aug_transforms`, tabular)."""
 import copy, math, random, time, warnings
 from functools import partial
+from types import SimpleNamespace
 import numpy as np, pytest, torch
 from torch import nn
 from fastai.basics import set_seed
@@ -20,32 +21,34 @@ from fastxtend_prof.tune import (plan, predict_workers, tune_context, steady_tim
                                  run_trial, cores, probe_loader)
 from fastxtend_prof.stages import WAITING
 from fastxtend_prof.recorder import Step
-from conftest import busy
+from conftest import busy, ManualClock
 from test_applications import _vision, digits_dir, image_dls, adult_like, state, differences, run, one_thread, SEED  # noqa: F401  (fixtures: digits_dir, one_thread)
 
 ITEM, BS, COMPUTE = 1.5e-3, 8, 1e-3  # the issue's run: items busy-wait 1.5 ms, batches of 8, 1 ms of compute
 
 class BusyItems(torch.utils.data.Dataset):
-    "Items that cost `item` seconds of CPU each (a busy wait); `fail_in_workers`: raise when loaded in a worker process"
-    def __init__(self, n, item=ITEM, fail_in_workers=False, sleep=False): self.n, self.item, self.fail, self.sleep = n, item, fail_in_workers, sleep
+    "Items that cost `item` seconds of CPU each (a busy wait), or sleep them, or `spend` them (on an injected clock); `fail_in_workers`: raise when loaded in a worker process"
+    def __init__(self, n, item=ITEM, fail_in_workers=False, sleep=False, spend=None):
+        self.n, self.item, self.fail, self.sleep, self.spend = n, item, fail_in_workers, sleep, spend
     def __len__(self): return self.n
     def __getitem__(self, i):
         if self.fail and torch.utils.data.get_worker_info() is not None: raise RuntimeError('this dataset breaks in worker processes')
-        if self.sleep: time.sleep(self.item)
+        if self.spend is not None: self.spend(self.item)
+        elif self.sleep: time.sleep(self.item)
         else: busy(self.item)
         g = torch.Generator().manual_seed(i)
         return torch.randn(4, generator=g), torch.randn(1, generator=g)
 
 class BusyModel(nn.Module):
-    "A linear model whose forward also costs `compute` seconds (a busy wait): a fixed compute cost"
-    def __init__(self, compute=COMPUTE): super().__init__(); self.lin, self.compute = nn.Linear(4, 1), compute
+    "A linear model whose forward also costs `compute` seconds (a busy wait, or `spend` on an injected clock): a fixed compute cost"
+    def __init__(self, compute=COMPUTE, spend=None): super().__init__(); self.lin, self.compute, self.spend = nn.Linear(4, 1), compute, spend or busy
     def forward(self, x):
-        busy(self.compute)
+        self.spend(self.compute)
         return self.lin(x)
 
-def busy_learner(item=ITEM, compute=COMPUTE, n_batches=60, fail_in_workers=False, sleep=False, **kw):
-    dls = DataLoaders.from_dsets(BusyItems(BS*n_batches, item, fail_in_workers, sleep), BusyItems(4*BS, 0), bs=BS, num_workers=0)
-    return Learner(dls, BusyModel(compute), loss_func=nn.MSELoss(), **kw)
+def busy_learner(item=ITEM, compute=COMPUTE, n_batches=60, fail_in_workers=False, sleep=False, spend=None, **kw):
+    dls = DataLoaders.from_dsets(BusyItems(BS*n_batches, item, fail_in_workers, sleep, spend), BusyItems(4*BS, 0), bs=BS, num_workers=0)
+    return Learner(dls, BusyModel(compute, spend), loss_func=nn.MSELoss(), **kw)
 
 def snapshot(learn) -> dict:
     "What speed_find must leave as it found: weights, optimizer state, loaders' settings, every random state"
@@ -175,13 +178,23 @@ def test_interrupt_inside_a_trial_restores_and_raises():
     assert_same(before, snapshot(learn))
 
 # ------------------------------------------------------------------------------------------------ budget and errors
-def test_budget_holds():
-    learn = busy_learner()
-    res = learn.speed_find(max_time=0.4, show=False)
-    assert res.seconds < 0.4 + 0.3, res.seconds  # a trial stops at the deadline; putting the Learner back is quick
-    assert res.notes and ('budget' in res.notes[0] or 'budget' in ' '.join(res.trials.Note)), res.text()
+def test_budget_holds(monkeypatch, sync_mode):
+    """On an injected clock that the tuner's budget and the trials' profiles share: the items and the forward spend their
+    time on it (13 ms a batch) and nothing else does, so a trial that stops at the deadline ends the search within one
+    batch of it, and the loader's probe within one more batch of loading. (On the real clock the search's own work after the deadline, building the trial's profile and putting
+    the Learner back, is what a loaded machine stretches: 0.32 s at a load of about 10 on 2 cores, over a bound of 0.3 s.)
+    Breaks it: a trial that ignores the deadline (its 44 batches take 0.57 s)"""
     res = busy_learner().speed_find(max_batches=44, show=False)  # warmup 3, 40 batches and the last one, left out
     assert len(res.trials) == 1 and any('max_batches' in n for n in res.notes), res.text()
+    clock = ManualClock()
+    sync_mode(clock)
+    monkeypatch.setattr(fastxtend_prof.tune, 'time', SimpleNamespace(monotonic=clock, perf_counter=time.perf_counter))
+    learn = busy_learner(spend=clock.spend)
+    res = learn.speed_find(max_time=0.4, show=False)
+    # a trial stops at the end of the batch the deadline falls in; the loader's probe then makes its one batch (it gets a
+    # tenth of what is left of the budget, and at least a batch)
+    assert res.seconds <= 0.4 + (BS*ITEM + COMPUTE) + BS*ITEM + 1e-9, res.seconds
+    assert res.notes and ('budget' in res.notes[0] or 'budget' in ' '.join(res.trials.Note)), res.text()
 
 @pytest.mark.parametrize('kw, msg', [(dict(max_time=0), 'max_time'), (dict(batches=1), 'batches'), (dict(allow='bf16'), 'allow'),
                                       (dict(allow=('batch_size', 'x')), 'allow'), (dict(max_batches=10), 'max_batches'),
