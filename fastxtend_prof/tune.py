@@ -4,14 +4,18 @@
 
 # %% auto #0
 __all__ = ['TARGET_SHARE', 'MIN_PREDICTED', 'KNEE', 'SLACK', 'OVERSUBSCRIBE', 'SPARE', 'PROBE_BATCHES', 'PROBE_TIME', 'SAVES',
-           'CHANGES', 'SETTERS', 'TRIAL_COLS', 'KEEP', 'steady_times', 'predict_workers', 'loader_wait', 'Fix',
-           'tune_context', 'plan', 'bound_by', 'LearnerState', 'set_num_workers', 'set_pin_memory',
-           'set_transforms_device', 'set_optimizer_flag', 'set_channels_last', 'set_mixed_precision', 'set_batch_size',
-           'probe_loader', 'TrialEnd', 'set_aside', 'run_trial', 'without_last', 'blocked', 'SpeedResult']
+           'STRATEGIES', 'CHANGES', 'SETTERS', 'TRIAL_COLS', 'KEEP', 'SPEED_FORMAT', 'RECORD_ENV', 'RECORD_COLS',
+           'PROBED', 'steady_times', 'predict_workers', 'loader_wait', 'Fix', 'tune_context', 'predict_cache',
+           'predict_num_workers', 'predict_pin_memory', 'predict_transforms_on_device', 'predict_channels_last',
+           'predict_mixed_precision', 'predict_batch_size', 'plan', 'bound_by', 'LearnerState', 'set_num_workers',
+           'set_pin_memory', 'set_transforms_device', 'set_optimizer_flag', 'set_channels_last', 'set_mixed_precision',
+           'set_batch_size', 'set_item_cache', 'Strategy', 'probe_loader', 'TrialEnd', 'set_aside', 'run_trial',
+           'without_last', 'blocked', 'SpeedResult', 'append_record', 'calibration', 'load_speed']
 
 # %% ../nbs/17_tune.ipynb #298c8c3a
-import copy, gc, math, random, time
+import copy, gc, json, math, os, random, time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 import numpy as np, pandas as pd, torch
 from torch import nn
 from fastcore.basics import patch
@@ -30,7 +34,8 @@ from .events import train_device
 from .plots import new_axes, save_figure
 from .gains import amdahl, block_means, interval
 from .advice import fill_text
-from .stages import cpu_demand, WAITING, HANDOFF, cores, keep_up
+from .stages import thread_times, work_share, WAITING, HANDOFF, cores, keep_up
+from .cache import BUDGET, ItemCache, cache_loaders, probe_cache
 
 # %% ../nbs/17_tune.ipynb #89a7b6fd
 TARGET_SHARE = 0.1  # a step at least this share of the train iteration is worth a trial
@@ -41,9 +46,6 @@ OVERSUBSCRIBE = 4  # num_workers: at most this many workers a core, for a loader
 SPARE = 1  # num_workers: workers beyond the cores for a loader that computes, when the cores bound it: batches come back in order, and a worker the scheduler sets aside holds up those behind it
 PROBE_BATCHES, PROBE_TIME = 8, 2.  # the loader alone (`probe_loader`): at most this many batches, or seconds
 SAVES = {k: r.saves for k, r in REMEDIES.items() if r.saves}  # the share of its step each fix usually removes: `rules.REMEDIES`
-CHANGES = dict(num_workers='speed only', pin_memory='speed only', transforms_on_device='speed only', foreach='last bits',
-               fused='last bits', channels_last='last bits', mixed_precision='numerics', batch_size='training')
-
 def steady_times(results:pd.DataFrame) -> dict:
     "`{step: median seconds}` of each train step of `results` that ran (warmup left out), the iteration included"
     t = results[(results.Phase == Phase.TRAIN) & (results[Cols.CALLS] > 0)]
@@ -74,18 +76,13 @@ def loader_wait(times:dict) -> float:
 @dataclass
 class Fix:
     "One change the tuner can try: its `kind` and `value`, the step it aims at, the iteration it predicts and why"
-    kind:str # One of `CHANGES`
+    kind:str # One of `STRATEGIES`
     value:object # The setting tried: a worker count, True, a device, a batch size
     target:str # The step it should shorten
     predicted:float # Predicted median train iteration in seconds (for a batch size: per the starting batch's samples)
     why:str='' # The diagnosis behind it
     @property
-    def name(self) -> str:
-        if self.kind == 'transforms_on_device': return f'batch transforms on {self.value}'
-        if self.kind == 'channels_last': return 'channels_last'
-        if self.kind == 'mixed_precision': return 'mixed precision (fp16)'
-        if self.kind == 'batch_size': return f'bs={self.value}'
-        return f'{self.kind}={self.value}'
+    def name(self) -> str: return STRATEGIES[self.kind].label(self.value) if self.kind in STRATEGIES else f'{self.kind}={self.value}'
 
 # %% ../nbs/17_tune.ipynb #a1ea046b
 def tune_context(learn) -> dict:
@@ -101,73 +98,120 @@ def tune_context(learn) -> dict:
                 fused_ok=torch_opt and 'fused' in inner.defaults,
                 conv=any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()),
                 channels_last=any(q.dim() == 4 and q.is_contiguous(memory_format=torch.channels_last) and not q.is_contiguous() for q in model.parameters()),
-                mixed_precision=hasattr(learn, 'mixed_precision'))
+                mixed_precision=hasattr(learn, 'mixed_precision'),
+                cached=isinstance(getattr(dl.__dict__.get('do_item'), '__self__', None), ItemCache))
 
 # %% ../nbs/17_tune.ipynb #d52074a9
 def _gain(it, pred) -> float: return 100*(1 - pred/it) if it > 0 else 0.
+
+def _parts(times:dict) -> tuple:
+    "`(iteration, wait)`: the train iteration of `times` and the loop's wait for its loader (the draw where it was not split)"
+    return times.get(Step.ITERATION, 0.), times.get(Step.WAIT, times.get(Step.DRAW, 0.))
+
+def predict_cache(times:dict, ctx:dict, allow=()) -> tuple:
+    "The item cache: the loader's work a batch that `probe_cache` says the cache removes (`cache_saves` an item), taken off one process's loading, with the workers there are"
+    it, wait = _parts(times)
+    if ctx.get('cached') or loader_wait(times) < TARGET_SHARE: return [], []
+    per = ctx.get('cache_saves', 0.)*(ctx.get('bs') or 1)  # seconds a batch
+    if per <= 0: return [], [f"item cache: {ctx['cache_why']}"] if ctx.get('cache_why') else []
+    k0, s, load = ctx['num_workers'] or 0, ctx.get('loader_share', math.nan), ctx.get('loader_batch', math.nan)
+    load = wait if not k0 else load if load == load else k0*it - HANDOFF  # one process's loading a batch, as `predict_workers` reads it
+    return [Fix('cache_items', BUDGET, Step.WAIT, keep_up(max(load - per, 0.), max(it - wait, 0.), k0, ctx['cores'], s if s == s else 1.),
+                f"the loader's wait is {wait/it:.0%} of the iteration, and making its items up to their first random transform takes "
+                f"{format_duration(per)} a batch ({ctx.get('cache_kept', 1.):.0%} of the items can be kept): made once, kept in memory")], []
+
+def predict_num_workers(times:dict, ctx:dict, allow=()) -> tuple:
+    "Loader workers: every count from the ones there are up to what the cores (or, for a loader that waits, `OVERSUBSCRIBE` a core) can keep busy, the knee of `predict_workers`"
+    it, wait = _parts(times)
+    if loader_wait(times) < TARGET_SHARE: return [], []
+    k0, n, s, load = ctx['num_workers'], ctx['cores'], ctx.get('loader_share', math.nan), ctx.get('loader_batch', math.nan)
+    waits = s == s and s < WAITING  # a loader that mostly waits: more workers than cores can help
+    top = min(max(n, min(OVERSUBSCRIBE*n, math.floor(n/max(s, 1e-9)))) if waits else n, ctx['n_batches'])
+    ks = list(range((k0 or 0) + 1, top + 1))  # every count: the knee picks the fewest within `KNEE` of the best prediction
+    alone = f'the loader alone computes {s:.0%} of its time' if s == s else ''
+    if not ctx['fastai_loader']: return [], ['num_workers: the train loader is not a fastai DataLoader']
+    if not ks and waits:
+        return [], [f"num_workers: already {k0}, as many as the machine's {n} cores can keep busy with a loader that waits ({alone}; at most {OVERSUBSCRIBE} workers a core, or the loader's {ctx['n_batches']} batches)"]
+    if not ks: return [], [f"num_workers: already {k0}, as many as the machine's {n} cores{' and a spare' if k0 > n else ''} (or the loader's {ctx['n_batches']} batches) allow" + (f'; {alone}' if alone else '')]
+    if k0 and load == load and (load + HANDOFF)/k0 <= (1 - TARGET_SHARE)*it:  # the workers are ahead of the loop already
+        return [], [f'num_workers: the {k0} workers already make a batch every {format_duration((load + HANDOFF)/k0)} (the loader alone took '
+                    f'{format_duration(load)} a batch), ahead of the loop\'s {format_duration(it)}: the wait left ({wait/it:.0%}) is the hand-over, '
+                    'which more workers do not shorten']
+    pred = {k: predict_workers(wait, it, k0, k, n, s if waits else 1., load) for k in ks}
+    room = {k: predict_workers(wait, it, k0, k, n, s, load, SLACK) for k in ks} if waits else pred  # chosen with headroom, predicted without
+    k = next(k for k in ks if room[k] <= KNEE*min(room.values()))
+    more = f' and waits the rest, so more workers than the {n} cores can help' if waits else ''
+    if not waits and k == n and k + SPARE <= ctx['n_batches']:  # the cores bound a loader that computes
+        k, more = k + SPARE, f'; the {n} cores bound it, and {SPARE} worker{"s" if SPARE > 1 else ""} more keep{"" if SPARE > 1 else "s"} a batch in hand (batches come back in order)'
+    return [Fix('num_workers', k, Step.WAIT, predict_workers(wait, it, k0, k, n, s if waits else 1., load),
+                f"the loader's wait is {wait/it:.0%} of the iteration with num_workers={k0}" + (f'; {alone}' if alone else '') + more)], []
+
+def predict_pin_memory(times:dict, ctx:dict, allow=()) -> tuple:
+    "Pinned memory, on an accelerator, where the copy to it is `TARGET_SHARE` of the iteration or more"
+    it, transfer = times.get(Step.ITERATION, 0.), times.get(Step.TRANSFER, 0.)
+    if ctx['device'] == 'cpu' or not ctx['fastai_loader'] or ctx['pin_memory'] or transfer/it < TARGET_SHARE: return [], []
+    return [Fix('pin_memory', True, Step.TRANSFER, amdahl(it, transfer, SAVES['pin_memory']), f'the copy to the device is {transfer/it:.0%} of the iteration')], []
+
+def predict_transforms_on_device(times:dict, ctx:dict, allow=()) -> tuple:
+    "The batch transforms on the accelerator, where they run on the host and are `TARGET_SHARE` of the iteration or more"
+    it, tfms = times.get(Step.ITERATION, 0.), times.get(Step.TRANSFORMS, 0.)
+    if tfms/it < TARGET_SHARE: return [], []
+    if ctx['device'] == 'cpu' or ctx['dls_device'] is not None:
+        return [], ['batch transforms: they run where the model is (`dls.device`); fewer or cheaper transforms is a change for you to make']
+    return [Fix('transforms_on_device', ctx['model_device'], Step.TRANSFORMS, amdahl(it, tfms, SAVES['transforms_on_device']),
+                f'the batch transforms run on the host and are {tfms/it:.0%} of the iteration')], []
+
+def _predict_optimizer(flag:str):
+    "`foreach` or `fused` on a torch optimizer through fastai's `OptimWrapper`, where its step is `TARGET_SHARE` of the iteration or more"
+    def predict(times:dict, ctx:dict, allow=()) -> tuple:
+        it, opt = times.get(Step.ITERATION, 0.), times.get(Step.OPT_STEP, 0.)
+        if opt/it < TARGET_SHARE: return [], []
+        if ctx['optimizer'] is None:
+            return [], ["optimizer step: not a torch optimizer through fastai's OptimWrapper, so foreach/fused can't be switched on"] if flag == 'foreach' else []
+        if ctx['fused'] or (flag == 'foreach' and ctx['foreach']) or (flag == 'fused' and not ctx['fused_ok']): return [], []
+        return [Fix(flag, True, Step.OPT_STEP, amdahl(it, opt, SAVES[flag]), f"the optimizer step ({ctx['optimizer']}) is {opt/it:.0%} of the iteration")], []
+    predict.__name__ = predict.__qualname__ = f'predict_{flag}'
+    return predict
+
+def predict_channels_last(times:dict, ctx:dict, allow=()) -> tuple:
+    "channels_last, on an accelerator, for a convolutional model whose forward and backward are `TARGET_SHARE` of the iteration or more"
+    it = times.get(Step.ITERATION, 0.)
+    fb = (times.get(Step.FORWARD, 0.) + times.get(Step.BACKWARD, 0.))/it
+    if not ctx['conv'] or ctx['channels_last'] or fb < TARGET_SHARE: return [], []
+    if ctx['device'] == 'cpu': return [], ['channels_last: only tried on an accelerator']
+    return [Fix('channels_last', True, Step.FORWARD, amdahl(it, fb*it, SAVES['channels_last']), f'a convolutional model: forward and backward are {fb:.0%} of the iteration')], []
+
+def predict_mixed_precision(times:dict, ctx:dict, allow=()) -> tuple:
+    "Mixed precision, on an accelerator, when allowed (it changes the numerics)"
+    it = times.get(Step.ITERATION, 0.)
+    fb = (times.get(Step.FORWARD, 0.) + times.get(Step.BACKWARD, 0.))/it
+    if 'mixed_precision' not in allow or ctx['mixed_precision']: return [], []
+    if ctx['device'] == 'cpu': return [], ['mixed precision: only tried on an accelerator']
+    return [Fix('mixed_precision', True, Step.FORWARD, amdahl(it, fb*it, SAVES['mixed_precision']), f'forward and backward are {fb:.0%} of the iteration')], []
+
+def predict_batch_size(times:dict, ctx:dict, allow=()) -> tuple:
+    "Twice the batch, when allowed (it changes the training): the per-batch costs shared over more samples"
+    it = times.get(Step.ITERATION, 0.)
+    if 'batch_size' not in allow or not ctx['fastai_loader'] or not ctx['bs']: return [], []
+    return [Fix('batch_size', 2*ctx['bs'], Step.ITERATION, amdahl(it, times.get(Step.OTHER, 0.), SAVES['batch_size']),
+                'a larger batch shares the per-batch costs (the callbacks, the loop) over more samples')], []
 
 def plan(times:dict, # `steady_times` of the configuration to improve on
          ctx:dict, # `tune_context` of the Learner
          allow=(), # Fixes of `ASKED` the user allows
          done=(), # Kinds already settled (tried, or searched to the end)
         ) -> tuple:
-    "`(fixes, notes)`: the fixes the profile `times` points to, most promising first, and why others are not tried"
+    "`(fixes, notes)`: what each strategy of `STRATEGIES` not `done` predicts from the profile `times`, the most promising first (the item cache before all), and why others are not tried"
     it = times.get(Step.ITERATION, 0.)
     if it <= 0: return [], ['no train iteration was measured']
-    share = lambda *steps: sum(times.get(s, 0.) for s in steps)/it
-    fixes, notes, accel = [], [], ctx['device'] != 'cpu'
-    wait = times.get(Step.WAIT, times.get(Step.DRAW, 0.))
-    if 'num_workers' not in done and loader_wait(times) >= TARGET_SHARE:
-        k0, n, s, load = ctx['num_workers'], ctx['cores'], ctx.get('loader_share', math.nan), ctx.get('loader_batch', math.nan)
-        waits = s == s and s < WAITING  # a loader that mostly waits: more workers than cores can help
-        top = min(max(n, min(OVERSUBSCRIBE*n, math.floor(n/max(s, 1e-9)))) if waits else n, ctx['n_batches'])
-        ks = list(range((k0 or 0) + 1, top + 1))  # every count: the knee picks the fewest within `KNEE` of the best prediction
-        alone = f'the loader alone computes {s:.0%} of its time' if s == s else ''
-        if not ctx['fastai_loader']: notes.append('num_workers: the train loader is not a fastai DataLoader')
-        elif not ks and waits:
-            notes.append(f"num_workers: already {k0}, as many as the machine's {n} cores can keep busy with a loader that waits ({alone}; at most {OVERSUBSCRIBE} workers a core, or the loader's {ctx['n_batches']} batches)")
-        elif not ks: notes.append(f"num_workers: already {k0}, as many as the machine's {n} cores{' and a spare' if k0 > n else ''} (or the loader's {ctx['n_batches']} batches) allow" + (f'; {alone}' if alone else ''))
-        elif k0 and load == load and (load + HANDOFF)/k0 <= (1 - TARGET_SHARE)*it:  # the workers are ahead of the loop already
-            notes.append(f'num_workers: the {k0} workers already make a batch every {format_duration((load + HANDOFF)/k0)} (the loader alone took '
-                         f'{format_duration(load)} a batch), ahead of the loop\'s {format_duration(it)}: the wait left ({wait/it:.0%}) is the hand-over, '
-                         'which more workers do not shorten')
-        else:
-            pred = {k: predict_workers(wait, it, k0, k, n, s if waits else 1., load) for k in ks}
-            room = {k: predict_workers(wait, it, k0, k, n, s, load, SLACK) for k in ks} if waits else pred  # chosen with headroom, predicted without
-            k = next(k for k in ks if room[k] <= KNEE*min(room.values()))
-            more = f' and waits the rest, so more workers than the {n} cores can help' if waits else ''
-            spare = not waits and k == n and k + SPARE <= ctx['n_batches']  # the cores bound a loader that computes
-            if spare: k, more = k + SPARE, f'; the {n} cores bound it, and {SPARE} worker{"s" if SPARE > 1 else ""} more keep{"" if SPARE > 1 else "s"} a batch in hand (batches come back in order)'
-            fixes.append(Fix('num_workers', k, Step.WAIT, predict_workers(wait, it, k0, k, n, s if waits else 1., load),
-                             f"the loader's wait is {wait/it:.0%} of the iteration with num_workers={k0}" + (f'; {alone}' if alone else '') + more))
-    transfer, tfms = times.get(Step.TRANSFER, 0.), times.get(Step.TRANSFORMS, 0.)
-    if accel and ctx['fastai_loader'] and not ctx['pin_memory'] and transfer/it >= TARGET_SHARE:
-        fixes.append(Fix('pin_memory', True, Step.TRANSFER, amdahl(it, transfer, SAVES['pin_memory']), f'the copy to the device is {transfer/it:.0%} of the iteration'))
-    if tfms/it >= TARGET_SHARE:
-        if accel and ctx['dls_device'] is None:
-            fixes.append(Fix('transforms_on_device', ctx['model_device'], Step.TRANSFORMS, amdahl(it, tfms, SAVES['transforms_on_device']),
-                             f'the batch transforms run on the host and are {tfms/it:.0%} of the iteration'))
-        else: notes.append('batch transforms: they run where the model is (`dls.device`); fewer or cheaper transforms is a change for you to make')
-    opt = times.get(Step.OPT_STEP, 0.)
-    if opt/it >= TARGET_SHARE:
-        if ctx['optimizer'] is None: notes.append("optimizer step: not a torch optimizer through fastai's OptimWrapper, so foreach/fused can't be switched on")
-        else:
-            if not ctx['foreach'] and not ctx['fused']:
-                fixes.append(Fix('foreach', True, Step.OPT_STEP, amdahl(it, opt, SAVES['foreach']), f"the optimizer step ({ctx['optimizer']}) is {opt/it:.0%} of the iteration"))
-            if ctx['fused_ok'] and not ctx['fused']:
-                fixes.append(Fix('fused', True, Step.OPT_STEP, amdahl(it, opt, SAVES['fused']), f"the optimizer step ({ctx['optimizer']}) is {opt/it:.0%} of the iteration"))
-    fb = share(Step.FORWARD, Step.BACKWARD)
-    if ctx['conv'] and not ctx['channels_last'] and fb >= TARGET_SHARE:
-        if accel: fixes.append(Fix('channels_last', True, Step.FORWARD, amdahl(it, fb*it, SAVES['channels_last']), f'a convolutional model: forward and backward are {fb:.0%} of the iteration'))
-        else: notes.append('channels_last: only tried on an accelerator')
-    if 'mixed_precision' in allow and not ctx['mixed_precision']:
-        if accel: fixes.append(Fix('mixed_precision', True, Step.FORWARD, amdahl(it, fb*it, SAVES['mixed_precision']), f'forward and backward are {fb:.0%} of the iteration'))
-        else: notes.append('mixed precision: only tried on an accelerator')
-    if 'batch_size' in allow and ctx['fastai_loader'] and ctx['bs']:
-        other = times.get(Step.OTHER, 0.)
-        fixes.append(Fix('batch_size', 2*ctx['bs'], Step.ITERATION, amdahl(it, other, SAVES['batch_size']), 'a larger batch shares the per-batch costs (the callbacks, the loop) over more samples'))
-    fixes = [f for f in fixes if f.kind not in done and (f.kind in allow or _gain(it, f.predicted) >= MIN_PREDICTED)]
-    return sorted(fixes, key=lambda f: f.predicted), notes
+    fixes, notes = [], []
+    for kind, s in STRATEGIES.items():
+        if kind in done: continue
+        f, n = s.predict(times, ctx, allow)
+        fixes += f; notes += n
+    fixes = [f for f in fixes if f.kind in allow or _gain(it, f.predicted) >= MIN_PREDICTED]
+    return sorted(fixes, key=lambda f: (f.kind != 'cache_items', f.predicted)), notes  # the cache first: it removes work that workers would only share out, and a cached loader needs fewer of them
+
 
 # %% ../nbs/17_tune.ipynb #ff1062b3
 def bound_by(times:dict) -> str:
@@ -304,29 +348,57 @@ def set_batch_size(learn, bs:int):
     "The train loader's batch size `bs`; returns the undo"
     return _assign([learn.dls.train], bs=bs)
 
-SETTERS = dict(num_workers=set_num_workers, pin_memory=set_pin_memory, transforms_on_device=set_transforms_device,
-               foreach=lambda learn, v: set_optimizer_flag(learn, 'foreach', v), fused=lambda learn, v: set_optimizer_flag(learn, 'fused', v),
-               channels_last=set_channels_last, mixed_precision=set_mixed_precision, batch_size=set_batch_size)
+def set_item_cache(learn, budget:int=BUDGET, every:bool=False):
+    "The train loader's items cached as far as they are the same every epoch (`cache.cache_items`, filled now), every fastai loader's with `every`; returns the undo"
+    undo, caches, notes = cache_loaders(learn, budget, None if every else [learn.dls.train])
+    if not caches: raise ValueError(f"nothing of the loader's items can be cached: {'; '.join(notes)}")
+    return undo
+
+@dataclass
+class Strategy:
+    "One fix the tuner knows, as an entry of `STRATEGIES`: how it predicts from a profile, how it is set (and undone), what it changes, how to keep it"
+    predict:callable # `predict(times, ctx, allow) -> (fixes, notes)`: the `Fix`es it would try on `steady_times` `times` of a Learner of `tune_context` `ctx`, and why not
+    apply:callable # `apply(learn, value) -> undo`: set it in place; `undo()` puts back what it changed
+    changes:str # 'speed only', 'last bits' (another kernel's rounding), 'numerics' or 'training': what else it changes (`allow`)
+    label:callable # `label(value)`: a `Fix` of it in words
+    keep:str='' # The code that keeps it (`{v}` its value, `{opt}` the optimizer's class); default `rules.REMEDIES`'
+
+_named = lambda name: (lambda v: name)
+STRATEGIES = dict(  # in the order `plan` asks them; adding a fix is adding an entry
+    cache_items=Strategy(predict_cache, set_item_cache, 'speed only', _named('item cache'),
+                         'call `fastxtend_prof.cache.cache_loaders(learn)` after building the Learner (the items are bit-identical)'),
+    num_workers=Strategy(predict_num_workers, set_num_workers, 'speed only', 'num_workers={}'.format),
+    pin_memory=Strategy(predict_pin_memory, set_pin_memory, 'speed only', 'pin_memory={}'.format),
+    transforms_on_device=Strategy(predict_transforms_on_device, set_transforms_device, 'speed only', 'batch transforms on {}'.format),
+    foreach=Strategy(_predict_optimizer('foreach'), lambda learn, v: set_optimizer_flag(learn, 'foreach', v), 'last bits', 'foreach={}'.format),
+    fused=Strategy(_predict_optimizer('fused'), lambda learn, v: set_optimizer_flag(learn, 'fused', v), 'last bits', 'fused={}'.format),
+    channels_last=Strategy(predict_channels_last, set_channels_last, 'last bits', _named('channels_last')),
+    mixed_precision=Strategy(predict_mixed_precision, set_mixed_precision, 'numerics', _named('mixed precision (fp16)')),
+    batch_size=Strategy(predict_batch_size, set_batch_size, 'training', 'bs={}'.format))
+for _k, _s in STRATEGIES.items(): _s.keep = _s.keep or REMEDIES[_k].keep
+CHANGES = {k: s.changes for k, s in STRATEGIES.items()}  # what each fix changes besides the speed
+SETTERS = {k: s.apply for k, s in STRATEGIES.items()}  # each fix's setter
+
 
 # %% ../nbs/17_tune.ipynb #025a3f61
 def probe_loader(learn, # A Learner whose train loader is a fastai `DataLoader`
                  batches:int=PROBE_BATCHES, # At most this many batches ...
                  max_time:float=PROBE_TIME, # ... or seconds (at least one batch)
                 ) -> tuple:
-    "`(share, seconds)`: the train loader of `learn` alone, without workers, for a few batches: the share of its time its thread ran on a core or waited for one (under `stages.WAITING` it mostly waits), and its seconds a batch"
+    "`(share, seconds)`: the train loader of `learn` alone, without workers, for a few batches: the share of its time its thread ran on a core, less its waits for one (`stages.work_share`; under `stages.WAITING` it mostly waits), and its seconds a batch"
     dl = learn.dls.train
     if not hasattr(dl, 'fake_l'): raise TypeError(f'`probe_loader` needs a fastai DataLoader, got {type(dl).__name__}')
     undo, n = set_num_workers(learn, 0), 0
     try:
         made = iter(dl)  # a pass of the loader, as a fit draws it (it draws from the loader's random generators: call it between fits)
-        c0, t0 = cpu_demand(), time.perf_counter()
+        (r0, q0), t0 = thread_times(), time.perf_counter()
         for _ in made:
             n += 1
             if n >= batches or time.perf_counter() - t0 >= max_time: break
-        cpu, wall = cpu_demand() - c0, time.perf_counter() - t0
+        (r1, q1), wall = thread_times(), time.perf_counter() - t0
         made.close()
     finally: undo()
-    return (min(1., cpu/wall), wall/n) if n and wall > 0 else (math.nan, math.nan)
+    return (work_share(r1 - r0, q1 - q0, wall), wall/n) if n and wall > 0 else (math.nan, math.nan)
 
 # %% ../nbs/17_tune.ipynb #598af88d
 class TrialEnd(Callback):
@@ -376,7 +448,7 @@ def _per_start_batch(prof, bs0:int):
 
 # %% ../nbs/17_tune.ipynb #c86e40b3
 _KEY = (str(Phase.TRAIN), str(Step.ITERATION))
-TRIAL_COLS = ('Trial', 'Change', 'Changes', 'Target', 'Predicted', 'Median', 'Mean', 'Samples/s', 'Samples/s Low', 'Samples/s High',
+TRIAL_COLS = ('Trial', 'Change', 'Kind', 'Changes', 'Target', 'Predicted', 'Median', 'Mean', 'Samples/s', 'Samples/s Low', 'Samples/s High',
               'Predicted %', 'Change %', 'CI Low %', 'CI High %', 'p-value', 'Error %', 'Accepted', 'Batches', 'Seconds', 'Note')
 
 def _measured(prof=None, block:int=1, confidence:float=CONFIDENCE) -> dict:
@@ -396,7 +468,7 @@ def _iteration_row(cmp) -> dict:
     r = cmp[(cmp.Phase == Phase.TRAIN) & (cmp.Step == Step.ITERATION)]
     return r.iloc[0].to_dict() if len(r) else {}
 
-KEEP = {k: r.keep for k, r in REMEDIES.items() if r.keep}  # the code that keeps each fix: `rules.REMEDIES`
+KEEP = {k: s.keep for k, s in STRATEGIES.items()}  # the code that keeps each fix
 
 # %% ../nbs/17_tune.ipynb #5026a5dc
 @dataclass
@@ -413,7 +485,8 @@ class SpeedResult:
     def apply(self, learn, show:bool=True):
         "Set the accepted fixes on `learn` and its loaders; print what changed and the code that keeps it"
         for f in self.fixes:
-            SETTERS[f.kind](learn, f.value)
+            if f.kind == 'cache_items': set_item_cache(learn, f.value, every=True)  # every loader, where trials need the train one
+            else: STRATEGIES[f.kind].apply(learn, f.value)
             if f.kind == 'channels_last' and not hasattr(learn, 'channels_last'):
                 from fastai.callback.channelslast import ChannelsLast
                 learn.add_cb(ChannelsLast())  # later fits keep the format
@@ -428,7 +501,7 @@ class SpeedResult:
         lines = ['speed_find applied:' if applied else 'To keep what speed_find found:']
         for f in self.fixes:
             head = f'{f.kind}: {was[f.kind]} → {f.value}' if f.kind in was else f'{f.name}: on'
-            lines.append(f"  {head}; to keep it, {KEEP[f.kind].format(v=f.value, opt=self.start.get('optimizer'))}")
+            lines.append(f"  {head}; to keep it, {STRATEGIES[f.kind].keep.format(v=f.value, opt=self.start.get('optimizer'))}")
         return '\n'.join(lines)
 
     def text(self, width:int|None=None) -> str:
@@ -448,6 +521,14 @@ class SpeedResult:
                           f'vs start: change of the mean with its interval and the test\'s p. The search took {self.seconds:.1f} s of its '
                           f'{self.max_time:g} s budget, and the Learner was put back as it was.'))
         return '\n'.join(lines)
+
+    def save(self, path):
+        "The kept configuration, as JSON at `path`: `load_speed(path).apply(learn)` sets it on the Learner built again"
+        plain = lambda v: v if v is None or isinstance(v, (bool, int, float, str)) else str(v)  # a device as its name
+        fixes = [dict(kind=f.kind, value=plain(f.value), target=str(f.target), predicted=f.predicted, why=f.why) for f in self.fixes]
+        Path(path).write_text(json.dumps(dict(format=SPEED_FORMAT, verdict=self.verdict, fixes=fixes,
+                                              start={k: plain(v) for k, v in self.start.items()}), indent=1) + '\n')
+        return Path(path)
 
     def __repr__(self): return f'SpeedResult({self.verdict} {len(self.trials)} configurations; `.show()` prints the table)'
     def show(self, width:int|None=None): print(self.text(width))
@@ -473,6 +554,40 @@ class SpeedResult:
         return fig
 
 # %% ../nbs/17_tune.ipynb #41977b87
+SPEED_FORMAT = 'fastxtend_prof.speed/1'  # `SpeedResult.save`'s files
+RECORD_ENV = 'FASTXTEND_PROF_SPEED_RECORD'  # where `speed_find` appends its calibration record when not given `record`
+RECORD_COLS = ('when', 'run', 'fix', 'kind', 'predicted_s', 'measured_s', 'error_pct', 'kept')
+
+def append_record(res, path):
+    "Append to the CSV file `path` a line per fix `res` (a `SpeedResult`) measured: when, the run it tuned, the fix, the predicted and the measured median iteration, the error in percent, whether it was kept"
+    t = res.trials[(res.trials.Trial > 0) & res.trials.Median.notna()]
+    st = res.start
+    run = f"{st.get('device', '?')}, bs {st.get('bs')}, num_workers {st.get('num_workers')}, {st.get('optimizer') or 'no torch optimizer'}"
+    out = pd.DataFrame(dict(when=pd.Timestamp.now(tz='UTC').isoformat(timespec='seconds'), run=run, fix=t.Change,
+                            kind=t.Kind, predicted_s=t.Predicted, measured_s=t.Median,
+                            error_pct=t['Error %'], kept=t.Accepted), columns=list(RECORD_COLS))
+    path = Path(path)
+    out.to_csv(path, mode='a', header=not path.exists() or path.stat().st_size == 0, index=False)
+    return path
+
+def calibration(path) -> dict:
+    "How right `speed_find`'s predictions were over a record (`append_record`): the fixes measured, the median and the worst absolute error in percent"
+    d = pd.read_csv(path)
+    d = d[pd.to_numeric(d.get('error_pct'), errors='coerce').notna()]
+    e = d.error_pct.astype(float).abs()
+    return dict(fixes=len(d), median_abs_error_pct=float(e.median()) if len(e) else math.nan, worst_abs_error_pct=float(e.max()) if len(e) else math.nan)
+
+def load_speed(path) -> SpeedResult:
+    "The configuration `SpeedResult.save` wrote at `path`, as a `SpeedResult` without trials: `.apply(learn)` sets it; a file of another kind is refused in one line"
+    try: d = json.loads(Path(path).read_text())
+    except (OSError, ValueError) as e: raise ValueError(f'{path}: not a speed_find configuration ({type(e).__name__}: {e})') from None
+    if not isinstance(d, dict) or d.get('format') != SPEED_FORMAT or not isinstance(d.get('fixes'), list):
+        raise ValueError(f'{path}: not a speed_find configuration (format {SPEED_FORMAT!r} expected)')
+    bad = [f.get('kind') for f in d['fixes'] if not isinstance(f, dict) or f.get('kind') not in STRATEGIES]
+    if bad: raise ValueError(f'{path}: unknown fixes {bad} (this version knows {", ".join(STRATEGIES)})')
+    fixes = [Fix(f['kind'], f['value'], f.get('target', ''), f.get('predicted', math.nan), f.get('why', '')) for f in d['fixes']]
+    return SpeedResult(pd.DataFrame(columns=list(TRIAL_COLS)), fixes, d.get('verdict', ''), start=d.get('start', {}))
+
 def _check_find(max_time, max_batches, batches, warmup, allow, sync, alpha, min_change):
     check_number('max_time', max_time, 0, why='seconds the whole search may take', open_lo=True)
     check_int('batches', batches, 2, 'steady train batches per trial')
@@ -486,8 +601,49 @@ def _check_find(max_time, max_batches, batches, warmup, allow, sync, alpha, min_
     check_number('alpha', alpha, 0, 1, open_lo=True); check_number('min_change', min_change, why='percent')
     return allow
 
+PROBED = ('loader_share', 'loader_batch', 'cache_saves', 'cache_kept', 'cache_why')  # what `_probe` adds to the context `plan` reads
+
+def _probe(learn, ctx:dict, deadline:float, cache:bool=True):
+    "Into `ctx`: the train loader alone (`probe_loader`: the share it computes, its time a batch) and, with `cache`, what caching its items would save (`probe_cache`)"
+    ctx['loader_share'], ctx['loader_batch'] = probe_loader(learn, max_time=min(PROBE_TIME, max(0., deadline - time.monotonic())/10))
+    if cache:
+        pc = probe_cache(learn.dls.train)
+        ctx.update(cache_saves=pc['saves'], cache_kept=pc['kept'], cache_why=pc['why'])
+
+def _out_of_budget(f, used:int, need:int, max_batches, overhead:float, deadline:float) -> str:
+    "Why a trial of `f` would not fit what is left of the budget ('' when it fits)"
+    if max_batches is not None and used + need > max_batches: return f'{f.name}: `max_batches` ({max_batches}) is used up'
+    expected, left = overhead + need*f.predicted, deadline - time.monotonic()
+    return f'{f.name}: about {expected:.0f} s needed, {max(0., left):.0f} s of the budget left' if expected > left else ''
+
+def _run_fix(learn, f, batches:int, warmup:int, deadline:float, sync:str) -> tuple:
+    "`(profile, undo, None)`: a trial of `learn` with `f` set; `(None, None, error)` where setting it or the trial failed, `f` undone"
+    undo = None
+    try:
+        undo = STRATEGIES[f.kind].apply(learn, f.value)
+        return run_trial(learn, batches, warmup, deadline, sync), undo, None
+    except KeyboardInterrupt:
+        if undo is not None: undo()
+        raise
+    except Exception as e:
+        if undo is not None: undo()
+        return None, None, e
+
+def _judge(f, prof, start, best, bs0:int, batches:int, alpha:float, min_change:float) -> tuple:
+    "`(kept, row)`: the trial `prof` of `f` against the start and the best so far, kept when significantly faster than the best"
+    judge = lambda x, y: _iteration_row(compare_profiles(*(blocked(_per_start_batch(z, bs0), _block(batches, x, y)) for z in (x, y)),
+                                                         alpha=alpha, min_change=min_change))
+    vs_start = judge(start, prof)
+    vs_best = vs_start if best is start else judge(best, prof)
+    ok = bool(vs_best.get('Significant')) and vs_best.get('Change %', 0) < 0
+    mp = _measured(_per_start_batch(prof, bs0), _block(batches, prof))
+    note = ('kept' if ok else f"{vs_best.get('Change %', math.nan):+.0f}% against the best so far: not significantly faster"
+            if best is not start else 'not significantly faster')
+    if mp['Batches'] < batches: note += f" (cut short by the budget: {mp['Batches']} batches)"
+    return ok, _row(0, f, mp, vs_start, ok, note, 0.)
+
 def _row(i, f, m:dict, vs_start:dict, accepted, note, seconds, best_median=math.nan) -> dict:
-    row = dict(Trial=i, Change='start' if f is None else f.name, Changes='' if f is None else CHANGES[f.kind],
+    row = dict(Trial=i, Change='start' if f is None else f.name, Kind='' if f is None else f.kind, Changes='' if f is None else STRATEGIES[f.kind].changes,
                Target='' if f is None else str(f.target), Predicted=math.nan if f is None else f.predicted,
                **{'Predicted %': math.nan if f is None else 100*(f.predicted/best_median - 1)}, **m,
                **{k: vs_start.get(k, math.nan) for k in ('Change %', 'CI Low %', 'CI High %', 'p-value')},
@@ -521,9 +677,14 @@ def speed_find(self:Learner,
     alpha:float=ALPHA, # A trial is kept only if the comparison's p-value is below this ...
     min_change:float=MIN_CHANGE, # ... and the mean iteration moved by at least this many percent
     sync:str='auto', # How trials time steps on an accelerator (`learn.profile`'s `sync`)
+    save=None, # A path: write the kept configuration there as JSON (`SpeedResult.save`; `load_speed(path).apply(learn)` sets it again)
+    record=None, # A path: append a line per fix tried (predicted against measured: `append_record`); default `$FASTXTEND_PROF_SPEED_RECORD`
 ) -> SpeedResult:
     "Try the profile's own advice on this Learner's run in short profiled trials, keep what is significantly faster, put everything back"
     allow = _check_find(max_time, max_batches, batches, warmup, allow, sync, alpha, min_change)
+    record = record if record is not None else os.environ.get(RECORD_ENV) or None
+    for name, path in (('save', save), ('record', record)):
+        if path is not None and not Path(path).parent.is_dir(): raise ValueError(f'`{name}`: the folder of {str(path)!r} does not exist')
     if events._WATCH.get(self): raise RuntimeError('`speed_find` was called inside a fit: call it between fits')
     if _data_parallel(): raise RuntimeError('`speed_find` tunes one process: run it before launching the data-parallel job')
     n = len(self.dls.train)
@@ -531,7 +692,7 @@ def speed_find(self:Learner,
     say = print if show else (lambda *a, **k: None)
     t0 = time.monotonic()
     deadline, state, ctx0 = t0 + max_time, LearnerState(self), tune_context(self)
-    rows, fixes, notes, undos, used, start = [], [], [], [], 0, None
+    rows, fixes, notes, undos, start = [], [], [], [], None
     try:
         with self.removed_cbs(set_aside(self)):
             start = run_trial(self, batches, warmup, deadline, sync)
@@ -539,56 +700,35 @@ def speed_find(self:Learner,
             rows.append(_row(0, None, m, {}, False, 'the configuration as it was', time.monotonic() - t0))
             say(f"speed_find: start: {format_duration(m['Median'])} a batch, {m['Samples/s']:,.0f} samples/s ({m['Batches']} batches)")
             overhead = max(0., rows[0]['Seconds'] - (warmup + m['Batches'])*m['Mean']) if m['Batches'] else 0.
-            used, best, bs0, done = warmup + batches + 1, start, ctx0['bs'] or 1, set()
+            used, best, bs0, done, need = warmup + batches + 1, start, ctx0['bs'] or 1, set(), warmup + batches + 1
             if m['Batches'] < 2: notes.append(f'the budget ({max_time:g} s) ran out during the first measurement: raise `max_time`')
-            t = steady_times(start.results)
-            if m['Batches'] >= 2 and ctx0['fastai_loader'] and loader_wait(t) >= TARGET_SHARE:  # does the loader compute, or wait? how long does it take alone?
-                ctx0['loader_share'], ctx0['loader_batch'] = probe_loader(self, max_time=min(PROBE_TIME, max(0., deadline - time.monotonic())/10))
+            if m['Batches'] >= 2 and ctx0['fastai_loader'] and loader_wait(steady_times(start.results)) >= TARGET_SHARE: _probe(self, ctx0, deadline)
             while m['Batches'] >= 2:
-                probe = {k: ctx0.get(k, math.nan) for k in ('loader_share', 'loader_batch')}
-                todo, why_not = plan(steady_times(best.results), {**tune_context(self), **probe}, allow, done)
+                todo, why_not = plan(steady_times(best.results), {**tune_context(self), **{k: ctx0[k] for k in PROBED if k in ctx0}}, allow, done)
                 if not todo:
                     notes += why_not
                     break
                 f, t1 = todo[0], time.monotonic()
-                best_median = float(np.median(_per_start_batch(best, bs0).distributions[_KEY]))
-                need = warmup + batches + 1
-                if max_batches is not None and used + need > max_batches:
-                    notes.append(f'{f.name}: `max_batches` ({max_batches}) is used up')
-                    break
-                expected = overhead + need*f.predicted
-                if t1 + expected > deadline:
-                    notes.append(f'{f.name}: about {expected:.0f} s needed, {max(0., deadline - t1):.0f} s of the budget left')
+                late = _out_of_budget(f, used, need, max_batches, overhead, deadline)
+                if late:
+                    notes.append(late)
                     break
                 say(f'speed_find: trying {f.name} ({f.why}; predicted {format_duration(f.predicted)} a batch)')
-                undo, used, failed = None, used + need, False
-                try:
-                    undo = SETTERS[f.kind](self, f.value)
-                    prof = run_trial(self, batches, warmup, deadline, sync)
-                except KeyboardInterrupt:
-                    if undo is not None: undo()
-                    raise
-                except Exception as e:
-                    if undo is not None: undo()
+                used += need
+                best_median = float(np.median(_per_start_batch(best, bs0).distributions[_KEY]))
+                prof, undo, err = _run_fix(self, f, batches, warmup, deadline, sync)
+                if err is not None:
                     done.add(f.kind)
-                    rows.append(_row(len(rows), f, _measured(), {}, False, f'failed: {_brief(e)}', time.monotonic() - t1, best_median))
-                    say(f'speed_find: {f.name} failed ({_brief(e)}); the Learner will be put back')
-                    failed = True
-                if failed:  # the exception is gone now, and with it the last hold on the failed loader and its workers
-                    gc.collect()
+                    rows.append(_row(len(rows), f, _measured(), {}, False, f'failed: {_brief(err)}', time.monotonic() - t1, best_median))
+                    say(f'speed_find: {f.name} failed ({_brief(err)}); the Learner will be put back')
+                    del err; gc.collect()  # the last hold on the failed loader and its workers
                     continue
-                judge = lambda x, y: _iteration_row(compare_profiles(*(blocked(_per_start_batch(z, bs0), _block(batches, x, y)) for z in (x, y)),
-                                                                     alpha=alpha, min_change=min_change))
-                vs_start = judge(start, prof)
-                vs_best = vs_start if best is start else judge(best, prof)
-                ok = bool(vs_best.get('Significant')) and vs_best.get('Change %', 0) < 0
-                mp = _measured(_per_start_batch(prof, bs0), _block(batches, prof))
-                note = ('kept' if ok else f"{vs_best.get('Change %', math.nan):+.0f}% against the best so far: not significantly faster"
-                        if best is not start else 'not significantly faster')
-                if mp['Batches'] < batches: note += f" (cut short by the budget: {mp['Batches']} batches)"
-                rows.append(_row(len(rows), f, mp, vs_start, ok, note, time.monotonic() - t1, best_median))
-                say(f"speed_find: {f.name}: {format_duration(mp['Median'])} a batch ({vs_start.get('Change %', math.nan):+.0f}% against the start), {'kept' if ok else 'not kept'}")
-                if ok: undos.append(undo); fixes = [g for g in fixes if g.kind != f.kind] + [f]; best = prof  # more workers after fewer: the last count is the fix
+                ok, row = _judge(f, prof, start, best, bs0, batches, alpha, min_change)
+                rows.append({**row, 'Trial': len(rows), 'Seconds': time.monotonic() - t1, 'Predicted %': 100*(f.predicted/best_median - 1)})
+                say(f"speed_find: {f.name}: {format_duration(row['Median'])} a batch ({row['Change %']:+.0f}% against the start), {'kept' if ok else 'not kept'}")
+                if ok:
+                    undos.append(undo); fixes = [g for g in fixes if g.kind != f.kind] + [f]; best = prof  # more workers after fewer: the last count is the fix
+                    if f.kind == 'cache_items' and 'loader_share' in ctx0: _probe(self, ctx0, deadline, cache=False)  # another loader now: what it computes, its time a batch
                 else: undo()
                 if not ok or f.kind != 'num_workers': done.add(f.kind)
     finally:
@@ -598,8 +738,11 @@ def speed_find(self:Learner,
     out = pd.DataFrame(rows).reindex(columns=list(TRIAL_COLS)).astype({'Accepted': bool})
     res = SpeedResult(out, fixes, _verdict(rows, fixes, times), notes, time.monotonic() - t0, max_time, ctx0)
     if show: res.show()
+    if save is not None: res.save(save)
+    if record is not None: append_record(res, record)
     if apply: res.apply(self, show=show)
     return res
+
 
 # %% ../nbs/17_tune.ipynb #f338cd7b
 def _block(batches:int, *profs) -> int:

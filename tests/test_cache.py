@@ -1,0 +1,127 @@
+"""The item cache (`fastxtend_prof.cache`, nbs/39_cache) and `speed_find`'s trial of it, on real PNG files through a
+vision `DataBlock` with `aug_transforms`: a seeded fit with the cache ends bit-identical to one without, with workers
+too, set by `speed_find(apply=True)` or from the file `speed_find(save=...)` wrote; what can't be cached is refused
+with the reason. The gain is judged on decoding emulated by a sleep in the dataset's own transform (which load cannot
+shorten, and which the cache skips), so the verdict holds on a busy machine."""
+import json, random, time
+import numpy as np, pytest, torch
+from torch import nn
+from PIL import Image
+from fastai.vision.all import (DataBlock, ImageBlock, CategoryBlock, get_image_files, parent_label, RandomSplitter, Resize,
+                               RandomResizedCrop, FlipItem, aug_transforms, Learner, set_seed, Transform, PILImage)
+from fastai.data.core import DataLoaders
+import fastxtend_prof.all  # noqa: F401  (adds Learner.profile, Learner.speed_find)
+from fastxtend_prof.cache import cache_items, cache_loaders, cache_prefix, probe_cache
+from fastxtend_prof.tune import load_speed
+
+@pytest.fixture(scope='module')
+def pngs(tmp_path_factory):
+    "96 digits as 64-pixel RGB PNG files (8 of them 64×48, which a cropping resize can't keep), in a folder per class"
+    from sklearn.datasets import load_digits
+    d, root = load_digits(), tmp_path_factory.mktemp('png')
+    for i in range(96):
+        img = (np.kron(d.images[i], np.ones((8, 8)))*15).astype(np.uint8)
+        if i % 12 == 0: img = img[:48]
+        (root/str(d.target[i])).mkdir(exist_ok=True)
+        Image.fromarray(img).convert('RGB').save(root/str(d.target[i])/f'{i}.png')
+    return root
+
+def late_flip():
+    "A random flip after the cached part, drawing from Python's stream: the cache must leave that stream as it was"
+    f = FlipItem(p=0.5); f.order = 10
+    return f
+
+DECODE = {'s': 0.}  # seconds the emulated decoding sleeps an item
+
+def sleepy_open(fn):
+    if DECODE['s']: time.sleep(DECODE['s'])
+    return PILImage.create(fn)
+
+def block(item_tfms=None, get_x=None):
+    return DataBlock(blocks=(ImageBlock, CategoryBlock), get_items=get_image_files, get_y=parent_label, get_x=get_x,
+                     splitter=RandomSplitter(0.25, seed=0), item_tfms=item_tfms or [Resize(16), late_flip()], batch_tfms=aug_transforms())
+
+def model(): return nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(8, 10))
+
+def learner(root, num_workers=0, **kw):
+    set_seed(0)
+    return Learner(block(**kw).dataloaders(root, bs=8, num_workers=num_workers, device='cpu'), model())
+
+def fitted(learn, epochs=2):
+    set_seed(1)
+    with learn.no_bar(), learn.no_logging(): learn.fit(epochs)
+    return {k: v.detach().clone() for k, v in learn.model.state_dict().items()}, list(learn.recorder.values[-1])
+
+def same(a, b): return a[0].keys() == b[0].keys() and all(torch.equal(a[0][k], b[0][k]) for k in a[0]) and a[1] == b[1]
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_a_cached_fit_is_bit_identical(pngs, num_workers):
+    "Weights and metrics of two seeded fits, with the cache on every loader and without; the square items are kept past the resize, the others not"
+    plain = fitted(learner(pngs, num_workers))
+    learn = learner(pngs, num_workers)
+    undo, caches, notes = cache_loaders(learn)
+    assert sorted(caches) == [0, 1] and not notes, notes
+    train = caches[0]
+    assert 0 < len(train.store) < len(learn.dls.train.dataset)  # the 64×48 items are made at every epoch
+    assert [type(f).__name__ for f in train.prefix] == ['Resize', 'ToTensor'] and [type(f).__name__ for f in train.rest] == ['FlipItem']
+    assert same(plain, fitted(learn))
+    undo()
+    assert 'do_item' not in learn.dls.train.__dict__ and not train.store
+
+def test_without_the_replayed_draws_the_fit_differs(pngs, monkeypatch):
+    "What the replay guards: with `Resize`'s draws not replayed for kept items, the later flip draws other numbers, and the fit is another"
+    plain = fitted(learner(pngs))
+    learn = learner(pngs)
+    _, caches, _ = cache_loaders(learn)
+    for c in caches.values(): monkeypatch.setattr(c, 'replay', [])
+    assert not same(plain, fitted(learn))
+
+def test_what_cannot_be_cached_says_why(pngs):
+    "A random crop first: nothing past the dataset's own transforms; a transform that draws outside `before_call`: refused; a plain PyTorch dataset: refused"
+    learn = learner(pngs, item_tfms=[RandomResizedCrop(16)])
+    assert cache_prefix(learn.dls.train) == (0, '')
+    class Noisy(Transform):
+        order = 3
+        def encodes(self, x:PILImage): random.random(); return x
+    learn = learner(pngs, item_tfms=[Resize(16), Noisy()])
+    undo, cache, why = cache_items(learn.dls.train)
+    assert cache is None and 'outside `before_call`' in why and 'do_item' not in learn.dls.train.__dict__
+    ds = torch.utils.data.TensorDataset(torch.randn(16, 3), torch.randn(16, 1))
+    dls = DataLoaders.from_dsets(ds, ds, bs=4)
+    _, cache, why = cache_items(dls.train)
+    assert cache is None and 'not a fastai `Datasets`' in why
+    assert probe_cache(dls.train)['saves'] == 0.
+
+def test_the_budget_bounds_the_cache(pngs):
+    learn = learner(pngs)
+    one = probe_cache(learn.dls.train)
+    _, cache, _ = cache_items(learn.dls.train, budget=3*16*16 + 8 + 100)  # one uint8 image of 3×16×16 and its int64 label
+    assert len(cache.store) == 1 and cache.bytes == 3*16*16 + 8 and one['kept'] > 0.8
+
+def test_speed_find_caches_a_slow_decoding_and_keeps_it_bit_identical(pngs, tmp_path, monkeypatch):
+    """Decoding that sleeps 15 ms an item (120 ms a batch of 8) in the dataset's own transform: `speed_find` predicts and
+    keeps the cache (the sleep is skipped, whatever the load), at least twice as fast; applied by `apply=True` and from
+    the saved file, a seeded fit is bit-identical to one without it. (At 4 ms an item, 32 ms a batch, 4 busy processes
+    on the 2 cores made the rest of the iteration, the batch augmentations and the model, about 100 ms, and a trial
+    came out slower than the start.) Fails when `probe_cache` predicts no saving: nothing kept"""
+    monkeypatch.setitem(DECODE, 's', 15e-3)
+    plain = fitted(learner(pngs, get_x=sleepy_open))
+    learn = learner(pngs, get_x=sleepy_open)
+    path = tmp_path/'speed.json'
+    res = learn.speed_find(max_time=120, batches=20, show=False, apply=True, save=path)
+    assert [f.kind for f in res.fixes][:1] == ['cache_items'], res.text()
+    row = res.trials.set_index('Change').loc['item cache']
+    assert row['Accepted'] and res.trials.Median[0] > 2*row['Median'], res.text()
+    assert 'cache_loaders' in res.apply_text()
+    assert same(plain, fitted(learn))  # applied on every loader
+    again = learner(pngs, get_x=sleepy_open)
+    load_speed(path).apply(again, show=False)
+    assert same(plain, fitted(again))
+    assert json.loads(path.read_text())['fixes'][0]['kind'] == 'cache_items'
+
+def test_a_foreign_file_is_not_a_configuration(tmp_path):
+    p = tmp_path/'x.json'
+    p.write_text('{"format": "other"}')
+    with pytest.raises(ValueError, match='not a speed_find configuration'): load_speed(p)
+    p.write_text('not json')
+    with pytest.raises(ValueError, match='not a speed_find configuration'): load_speed(p)
