@@ -8,5 +8,5 @@ __all__ = ['DEVICES', 'ALPHA', 'MIN_CHANGE', 'MIN_SHARE', 'ASKED', 'FORMATS']
 # %% ../nbs/33_defaults.ipynb #b3c83a31
 DEVICES = ('auto', 'cpu', 'cuda')  # where the demo trains: 'auto' is a CUDA GPU when torch sees one
 ALPHA, MIN_CHANGE, MIN_SHARE = 0.01, 15.0, 2.0  # `compare_profiles`: significance level, smallest change (%), smallest change in % of the iteration
-ASKED = ('mixed_precision', 'batch_size')  # `speed_find`'s fixes that change the numerics or the training: tried only when allowed
+ASKED = ('mixed_precision', 'batch_size', 'resize_on_batch')  # `speed_find`'s fixes that change the numerics or the training: tried only when allowed
 FORMATS = ('text', 'md', 'json', 'bmf')  # what `report --format` (besides its page, 'html') and `history --format` print: words, a pull request's markdown, the JSON summary, Bencher's format

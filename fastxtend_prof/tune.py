@@ -6,11 +6,12 @@
 __all__ = ['TARGET_SHARE', 'MIN_PREDICTED', 'KNEE', 'SLACK', 'OVERSUBSCRIBE', 'SPARE', 'PROBE_BATCHES', 'PROBE_TIME', 'SAVES',
            'STRATEGIES', 'CHANGES', 'SETTERS', 'TRIAL_COLS', 'KEEP', 'SPEED_FORMAT', 'RECORD_ENV', 'RECORD_COLS',
            'PROBED', 'steady_times', 'predict_workers', 'loader_wait', 'Fix', 'tune_context', 'predict_cache',
-           'predict_num_workers', 'predict_pin_memory', 'predict_transforms_on_device', 'predict_channels_last',
-           'predict_mixed_precision', 'predict_batch_size', 'plan', 'bound_by', 'LearnerState', 'set_num_workers',
-           'set_pin_memory', 'set_transforms_device', 'set_optimizer_flag', 'set_channels_last', 'set_mixed_precision',
-           'set_batch_size', 'set_item_cache', 'Strategy', 'probe_loader', 'TrialEnd', 'set_aside', 'run_trial',
-           'without_last', 'blocked', 'SpeedResult', 'append_record', 'calibration', 'load_speed']
+           'predict_resize_on_batch', 'predict_num_workers', 'predict_pin_memory', 'predict_transforms_on_device',
+           'predict_channels_last', 'predict_mixed_precision', 'predict_batch_size', 'plan', 'bound_by', 'LearnerState',
+           'set_num_workers', 'set_pin_memory', 'set_transforms_device', 'set_optimizer_flag', 'set_channels_last',
+           'set_mixed_precision', 'set_batch_size', 'set_item_cache', 'batch_resize', 'set_resize_on_batch',
+           'probe_resize', 'Strategy', 'probe_loader', 'TrialEnd', 'set_aside', 'run_trial', 'without_last', 'blocked',
+           'SpeedResult', 'append_record', 'calibration', 'load_speed']
 
 # %% ../nbs/17_tune.ipynb #298c8c3a
 import copy, gc, json, math, os, random, time
@@ -27,7 +28,7 @@ from .recorder import Cols, Phase, Step, check_int, check_number, SYNC_MODES
 from .report import format_duration, text_table, text_width
 from .compare import compare_profiles, ALPHA, MIN_CHANGE, CONFIDENCE
 from .saved import profile_of
-from .defaults import ASKED  # ('mixed_precision', 'batch_size'): the fixes that change the numerics or the training, tried only when allowed; there for the command line's parser
+from .defaults import ASKED  # ('mixed_precision', 'batch_size', 'resize_on_batch'): the fixes that change the numerics or the training, tried only when allowed; there for the command line's parser
 from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, _data_parallel
 from .rules import REMEDIES, torch_optimizer, _loader_settings
 from .events import train_device
@@ -108,17 +109,33 @@ def _parts(times:dict) -> tuple:
     "`(iteration, wait)`: the train iteration of `times` and the loop's wait for its loader (the draw where it was not split)"
     return times.get(Step.ITERATION, 0.), times.get(Step.WAIT, times.get(Step.DRAW, 0.))
 
+def _less_loading(times:dict, ctx:dict, per:float) -> float:
+    "The train iteration predicted with `per` seconds of loading a batch less, with the workers there are (`keep_up`)"
+    it, wait = _parts(times)
+    k0, s, load = ctx['num_workers'] or 0, ctx.get('loader_share', math.nan), ctx.get('loader_batch', math.nan)
+    load = wait if not k0 else load if load == load else k0*it - HANDOFF  # one process's loading a batch, as `predict_workers` reads it
+    return keep_up(max(load - per, 0.), max(it - wait, 0.), k0, ctx['cores'], s if s == s else 1.)
+
 def predict_cache(times:dict, ctx:dict, allow=()) -> tuple:
     "The item cache: the loader's work a batch that `probe_cache` says the cache removes (`cache_saves` an item), taken off one process's loading, with the workers there are"
     it, wait = _parts(times)
     if ctx.get('cached') or loader_wait(times) < TARGET_SHARE: return [], []
     per = ctx.get('cache_saves', 0.)*(ctx.get('bs') or 1)  # seconds a batch
     if per <= 0: return [], [f"item cache: {ctx['cache_why']}"] if ctx.get('cache_why') else []
-    k0, s, load = ctx['num_workers'] or 0, ctx.get('loader_share', math.nan), ctx.get('loader_batch', math.nan)
-    load = wait if not k0 else load if load == load else k0*it - HANDOFF  # one process's loading a batch, as `predict_workers` reads it
-    return [Fix('cache_items', BUDGET, Step.WAIT, keep_up(max(load - per, 0.), max(it - wait, 0.), k0, ctx['cores'], s if s == s else 1.),
+    return [Fix('cache_items', BUDGET, Step.WAIT, _less_loading(times, ctx, per),
                 f"the loader's wait is {wait/it:.0%} of the iteration, and making its items up to their first random transform takes "
                 f"{format_duration(per)} a batch ({ctx.get('cache_kept', 1.):.0%} of the items can be kept): made once, kept in memory")], []
+
+def predict_resize_on_batch(times:dict, ctx:dict, allow=()) -> tuple:
+    "The item `Resize` done by the batch augmentation instead (`set_resize_on_batch`), when allowed (another interpolation): the loader's resizing a batch (`probe_resize`) taken off; the batch transforms' work on the larger images is not predicted"
+    it, wait = _parts(times)
+    if 'resize_on_batch' not in allow or loader_wait(times) < TARGET_SHARE: return [], []
+    if ctx.get('cached'): return [], ['resize on the batch: the item cache keeps the resized items']
+    per = ctx.get('resize_saves', 0.)*(ctx.get('bs') or 1)
+    if per <= 0: return [], [f"resize on the batch: {ctx['resize_why']}"] if ctx.get('resize_why') else []
+    return [Fix('resize_on_batch', True, Step.WAIT, _less_loading(times, ctx, per),
+                f"the loader's wait is {wait/it:.0%} of the iteration, and its item resize takes {format_duration(per)} a batch; the batch "
+                "augmentation can resize instead (the batch transforms then work on the larger images)")], []
 
 def predict_num_workers(times:dict, ctx:dict, allow=()) -> tuple:
     "Loader workers: every count from the ones there are up to what the cores (or, for a loader that waits, `OVERSUBSCRIBE` a core) can keep busy, the knee of `predict_workers`"
@@ -201,7 +218,7 @@ def plan(times:dict, # `steady_times` of the configuration to improve on
          allow=(), # Fixes of `ASKED` the user allows
          done=(), # Kinds already settled (tried, or searched to the end)
         ) -> tuple:
-    "`(fixes, notes)`: what each strategy of `STRATEGIES` not `done` predicts from the profile `times`, the most promising first (the item cache before all), and why others are not tried"
+    "`(fixes, notes)`: what each strategy of `STRATEGIES` not `done` predicts from the profile `times`, the most promising first (those that remove the loader's work before all: `Strategy.first`), and why others are not tried"
     it = times.get(Step.ITERATION, 0.)
     if it <= 0: return [], ['no train iteration was measured']
     fixes, notes = [], []
@@ -210,7 +227,7 @@ def plan(times:dict, # `steady_times` of the configuration to improve on
         f, n = s.predict(times, ctx, allow)
         fixes += f; notes += n
     fixes = [f for f in fixes if f.kind in allow or _gain(it, f.predicted) >= MIN_PREDICTED]
-    return sorted(fixes, key=lambda f: (f.kind != 'cache_items', f.predicted)), notes  # the cache first: it removes work that workers would only share out, and a cached loader needs fewer of them
+    return sorted(fixes, key=lambda f: (not STRATEGIES[f.kind].first, f.predicted)), notes  # the loader's work removed first (the cache, the resize moved): workers would only share it out, and a lighter loader needs fewer of them
 
 
 # %% ../nbs/17_tune.ipynb #ff1062b3
@@ -354,6 +371,48 @@ def set_item_cache(learn, budget:int=BUDGET, every:bool=False):
     if not caches: raise ValueError(f"nothing of the loader's items can be cached: {'; '.join(notes)}")
     return undo
 
+def _fastai_class(f, name:str) -> bool: return any(c.__name__ == name and c.__module__ == 'fastai.vision.augment' for c in type(f).__mro__)
+
+def batch_resize(dl) -> tuple:
+    "`(resize, affine, why)`: the item `Resize` of fastai DataLoader `dl`, and the batch transform that can resize on the batch instead (fastai's `AffineCoordTfm`, as `aug_transforms` makes it, setting no size); `why` where it can't"
+    items, batch = (getattr(getattr(dl, n, None), 'fs', None) for n in ('after_item', 'after_batch'))
+    if items is None or batch is None: return None, None, 'the loader has no pipelines of transforms'
+    rs = [f for f in items if _fastai_class(f, 'Resize')]
+    if len(rs) != 1: return None, None, 'no item `Resize`' if not rs else 'more than one item `Resize`'
+    if any(getattr(f, 'size', None) is not None for f in batch): return None, None, 'a batch transform sets a size already'
+    aff = [f for f in batch if _fastai_class(f, 'AffineCoordTfm')]  # it runs at every call (its `before_call` sets `do`), its own `p` only its draws'
+    if not aff: return None, None, 'no batch transform resamples the images (`aug_transforms` makes one)'
+    return rs[0], aff[0], ''
+
+def set_resize_on_batch(learn, on:bool=True, every:bool=False):
+    "The train loader's item `Resize` left out, and its size given to the batch transform that resamples the images (`batch_resize`): every fastai loader's with `every`. Another interpolation (and items of one size, to be collated): the numbers change. Returns the undo"
+    undos, found = [], [(dl, *batch_resize(dl)) for dl in (_loaders(learn) if every else [learn.dls.train])]  # all read first: the loaders may share a batch transform
+    def undo():
+        for u in reversed(undos): u()
+    for dl, r, aff, why in found:
+        if r is None: raise ValueError(f'the item resize can not move to the batch: {why}')
+    for dl, r, aff, _ in found:
+        pipe, size = copy.copy(dl.after_item), aff.size
+        pipe.fs = L([f for f in dl.after_item.fs if f is not r])
+        undos.append(lambda dl=dl, p=dl.after_item, a=aff, s=size: (setattr(dl, 'after_item', p), setattr(a, 'size', s)))
+        dl.after_item, aff.size = pipe, (r.size[1], r.size[0])  # `Resize` keeps (width, height); the batch, (height, width)
+    return undo
+
+def probe_resize(dl, items:int=8) -> tuple:
+    "`(seconds, why)`: the item `Resize` of fastai DataLoader `dl` on its first `items` items, a mean per item (the random states put back), where it could move to the batch (`batch_resize`); else 0 and why"
+    r, _, why = batch_resize(dl)
+    if r is None: return 0., why
+    fs, split, took, states = list(dl.after_item.fs), getattr(dl.dataset, 'split_idx', None), [], (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    try:
+        for s in range(min(items, len(dl.dataset))):
+            x = dl.create_item(s)
+            for f in fs[:fs.index(r)]: x = f(x, split_idx=split)
+            t = time.perf_counter()
+            r(x, split_idx=split)
+            took.append(time.perf_counter() - t)
+    finally: random.setstate(states[0]); np.random.set_state(states[1]); torch.set_rng_state(states[2])
+    return (float(np.mean(took)), '') if took else (0., 'the loader has no items')
+
 @dataclass
 class Strategy:
     "One fix the tuner knows, as an entry of `STRATEGIES`: how it predicts from a profile, how it is set (and undone), what it changes, how to keep it"
@@ -362,11 +421,16 @@ class Strategy:
     changes:str # 'speed only', 'last bits' (another kernel's rounding), 'numerics' or 'training': what else it changes (`allow`)
     label:callable # `label(value)`: a `Fix` of it in words
     keep:str='' # The code that keeps it (`{v}` its value, `{opt}` the optimizer's class); default `rules.REMEDIES`'
+    every:bool=False # `apply` takes `every`: trials set it on the train loader, `SpeedResult.apply` on every loader
+    first:bool=False # Tried before the others: it removes the loader's work, which workers would only share out
 
 _named = lambda name: (lambda v: name)
 STRATEGIES = dict(  # in the order `plan` asks them; adding a fix is adding an entry
     cache_items=Strategy(predict_cache, set_item_cache, 'speed only', _named('item cache'),
-                         'call `fastxtend_prof.cache.cache_loaders(learn)` after building the Learner (the items are bit-identical)'),
+                         'call `fastxtend_prof.cache.cache_loaders(learn)` after building the Learner (the items are bit-identical)', every=True, first=True),
+    resize_on_batch=Strategy(predict_resize_on_batch, set_resize_on_batch, 'numerics', _named('resize on the batch'),
+                             'build the DataBlock without the item `Resize` and with `aug_transforms(size=...)` of its size (or call '
+                             '`fastxtend_prof.tune.set_resize_on_batch(learn, every=True)`); the items must all have one size', every=True, first=True),
     num_workers=Strategy(predict_num_workers, set_num_workers, 'speed only', 'num_workers={}'.format),
     pin_memory=Strategy(predict_pin_memory, set_pin_memory, 'speed only', 'pin_memory={}'.format),
     transforms_on_device=Strategy(predict_transforms_on_device, set_transforms_device, 'speed only', 'batch transforms on {}'.format),
@@ -485,8 +549,9 @@ class SpeedResult:
     def apply(self, learn, show:bool=True):
         "Set the accepted fixes on `learn` and its loaders; print what changed and the code that keeps it"
         for f in self.fixes:
-            if f.kind == 'cache_items': set_item_cache(learn, f.value, every=True)  # every loader, where trials need the train one
-            else: STRATEGIES[f.kind].apply(learn, f.value)
+            s = STRATEGIES[f.kind]
+            if s.every: s.apply(learn, f.value, every=True)  # every loader, where trials need the train one
+            else: s.apply(learn, f.value)
             if f.kind == 'channels_last' and not hasattr(learn, 'channels_last'):
                 from fastai.callback.channelslast import ChannelsLast
                 learn.add_cb(ChannelsLast())  # later fits keep the format
@@ -601,14 +666,15 @@ def _check_find(max_time, max_batches, batches, warmup, allow, sync, alpha, min_
     check_number('alpha', alpha, 0, 1, open_lo=True); check_number('min_change', min_change, why='percent')
     return allow
 
-PROBED = ('loader_share', 'loader_batch', 'cache_saves', 'cache_kept', 'cache_why')  # what `_probe` adds to the context `plan` reads
+PROBED = ('loader_share', 'loader_batch', 'cache_saves', 'cache_kept', 'cache_why', 'resize_saves', 'resize_why')  # what `_probe` adds to the context `plan` reads
 
-def _probe(learn, ctx:dict, deadline:float, cache:bool=True):
-    "Into `ctx`: the train loader alone (`probe_loader`: the share it computes, its time a batch) and, with `cache`, what caching its items would save (`probe_cache`)"
+def _probe(learn, ctx:dict, deadline:float, items:bool=True, allow=()):
+    "Into `ctx`: the train loader alone (`probe_loader`: the share it computes, its time a batch) and, with `items`, what caching its items would save (`probe_cache`) and, where allowed, moving its resize to the batch (`probe_resize`)"
     ctx['loader_share'], ctx['loader_batch'] = probe_loader(learn, max_time=min(PROBE_TIME, max(0., deadline - time.monotonic())/10))
-    if cache:
+    if items:
         pc = probe_cache(learn.dls.train)
         ctx.update(cache_saves=pc['saves'], cache_kept=pc['kept'], cache_why=pc['why'])
+        if 'resize_on_batch' in allow: ctx['resize_saves'], ctx['resize_why'] = probe_resize(learn.dls.train)
 
 def _out_of_budget(f, used:int, need:int, max_batches, overhead:float, deadline:float) -> str:
     "Why a trial of `f` would not fit what is left of the budget ('' when it fits)"
@@ -671,7 +737,7 @@ def speed_find(self:Learner,
     max_batches:int|None=None, # Train batches all trials together may run, warmup included (None: only `max_time` bounds it)
     batches:int=40, # Steady train batches per trial (the comparison wants 30 or more)
     warmup:int=3, # Leading train batches of each loop left out of a trial's statistics (worker start-up, first-batch costs)
-    allow=(), # Fixes that change the numerics or the training, tried only when named here: 'mixed_precision', 'batch_size'
+    allow=(), # Fixes that change the numerics or the training, tried only when named here: 'mixed_precision', 'batch_size', 'resize_on_batch'
     apply:bool=False, # Set the accepted configuration on the Learner afterwards (as `result.apply(learn)`)
     show:bool=True, # Print a line per trial and the result
     alpha:float=ALPHA, # A trial is kept only if the comparison's p-value is below this ...
@@ -702,7 +768,7 @@ def speed_find(self:Learner,
             overhead = max(0., rows[0]['Seconds'] - (warmup + m['Batches'])*m['Mean']) if m['Batches'] else 0.
             used, best, bs0, done, need = warmup + batches + 1, start, ctx0['bs'] or 1, set(), warmup + batches + 1
             if m['Batches'] < 2: notes.append(f'the budget ({max_time:g} s) ran out during the first measurement: raise `max_time`')
-            if m['Batches'] >= 2 and ctx0['fastai_loader'] and loader_wait(steady_times(start.results)) >= TARGET_SHARE: _probe(self, ctx0, deadline)
+            if m['Batches'] >= 2 and ctx0['fastai_loader'] and loader_wait(steady_times(start.results)) >= TARGET_SHARE: _probe(self, ctx0, deadline, allow=allow)
             while m['Batches'] >= 2:
                 todo, why_not = plan(steady_times(best.results), {**tune_context(self), **{k: ctx0[k] for k in PROBED if k in ctx0}}, allow, done)
                 if not todo:
@@ -728,7 +794,8 @@ def speed_find(self:Learner,
                 say(f"speed_find: {f.name}: {format_duration(row['Median'])} a batch ({row['Change %']:+.0f}% against the start), {'kept' if ok else 'not kept'}")
                 if ok:
                     undos.append(undo); fixes = [g for g in fixes if g.kind != f.kind] + [f]; best = prof  # more workers after fewer: the last count is the fix
-                    if f.kind == 'cache_items' and 'loader_share' in ctx0: _probe(self, ctx0, deadline, cache=False)  # another loader now: what it computes, its time a batch
+                    if f.kind in ('cache_items', 'resize_on_batch') and 'loader_share' in ctx0:  # another loader now: what it computes, its time a batch, what is left to cache
+                        _probe(self, ctx0, deadline, items=f.kind == 'resize_on_batch', allow=())
                 else: undo()
                 if not ok or f.kind != 'num_workers': done.add(f.kind)
     finally:

@@ -12,7 +12,7 @@ from fastai.vision.all import (DataBlock, ImageBlock, CategoryBlock, get_image_f
 from fastai.data.core import DataLoaders
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile, Learner.speed_find)
 from fastxtend_prof.cache import cache_items, cache_loaders, cache_prefix, probe_cache
-from fastxtend_prof.tune import load_speed
+from fastxtend_prof.tune import load_speed, set_resize_on_batch
 
 @pytest.fixture(scope='module')
 def pngs(tmp_path_factory):
@@ -105,7 +105,6 @@ def test_speed_find_caches_a_slow_decoding_and_keeps_it_bit_identical(pngs, tmp_
     on the 2 cores made the rest of the iteration, the batch augmentations and the model, about 100 ms, and a trial
     came out slower than the start.) Fails when `probe_cache` predicts no saving: nothing kept"""
     monkeypatch.setitem(DECODE, 's', 15e-3)
-    plain = fitted(learner(pngs, get_x=sleepy_open))
     learn = learner(pngs, get_x=sleepy_open)
     path = tmp_path/'speed.json'
     res = learn.speed_find(max_time=120, batches=20, show=False, apply=True, save=path)
@@ -113,6 +112,9 @@ def test_speed_find_caches_a_slow_decoding_and_keeps_it_bit_identical(pngs, tmp_
     row = res.trials.set_index('Change').loc['item cache']
     assert row['Accepted'] and res.trials.Median[0] > 2*row['Median'], res.text()
     assert 'cache_loaders' in res.apply_text()
+    # workers, where a busy machine made them worth keeping too, draw the random item transforms in their own processes
+    # (other, equally random items: 17_tune says so); the fit without the cache has the same workers
+    plain = fitted(learner(pngs, learn.dls.train.fake_l.num_workers, get_x=sleepy_open))
     assert same(plain, fitted(learn))  # applied on every loader
     again = learner(pngs, get_x=sleepy_open)
     load_speed(path).apply(again, show=False)
@@ -125,3 +127,42 @@ def test_a_foreign_file_is_not_a_configuration(tmp_path):
     with pytest.raises(ValueError, match='not a speed_find configuration'): load_speed(p)
     p.write_text('not json')
     with pytest.raises(ValueError, match='not a speed_find configuration'): load_speed(p)
+
+class SlowResize(Resize):
+    "fastai's `Resize` that also waits 10 ms an item (its draw: the work load cannot shorten, and the batch does not do)"
+    def before_call(self, b, split_idx): time.sleep(10e-3); return super().before_call(b, split_idx)
+
+def square_learner(root, resize, num_workers=0):
+    set_seed(0)
+    square = lambda p: [f for f in get_image_files(p) if int(f.stem) % 12]  # the 64×64 files: items of one size, to be collated
+    db = DataBlock(blocks=(ImageBlock, CategoryBlock), get_items=square, get_y=parent_label, splitter=RandomSplitter(0.25, seed=0),
+                   item_tfms=[resize], batch_tfms=aug_transforms())
+    return Learner(db.dataloaders(root, bs=8, num_workers=num_workers, device='cpu'), model())
+
+def test_the_item_resize_moves_to_the_batch_and_back(pngs):
+    "`set_resize_on_batch`: no item `Resize` left, the augmentation resizes the batch to its size (on every loader with `every`); the undo puts the pipelines and the size back"
+    from fastai.vision.augment import AffineCoordTfm
+    learn = square_learner(pngs, Resize(16))
+    pipes = [dl.after_item for dl in learn.dls.loaders]
+    undo = set_resize_on_batch(learn, every=True)
+    for dl in learn.dls.loaders:
+        assert 'Resize' not in [type(f).__name__ for f in dl.after_item.fs]
+        assert dl.one_batch()[0].shape == (8, 3, 16, 16)
+    undo()
+    assert [dl.after_item for dl in learn.dls.loaders] == pipes
+    assert all(f.size is None for f in learn.dls.train.after_batch.fs if isinstance(f, AffineCoordTfm))
+    with pytest.raises(ValueError, match='no item `Resize`'): set_resize_on_batch(learner(pngs, item_tfms=[RandomResizedCrop(16)]))
+
+def test_speed_find_moves_a_slow_resize_to_the_batch_only_when_allowed(pngs):
+    """An item resize that waits 10 ms an item: without `allow` the move is not tried (it changes the interpolation);
+    with `allow='resize_on_batch'` it is predicted from the resize's own time and tried, and measured well under the
+    start (whether it is kept depends on what came before it: the loader that sleeps gets workers first, and against
+    them a 20-batch trial has 4 blocks of 5 to judge by); the Learner is put back"""
+    learn = square_learner(pngs, SlowResize(16))
+    res = learn.speed_find(max_time=120, batches=20, show=False)
+    assert 'resize_on_batch' not in set(res.trials.Kind), res.text()
+    res = learn.speed_find(max_time=120, batches=20, show=False, allow='resize_on_batch')
+    assert 'resize_on_batch' in set(res.trials.Kind), res.text()
+    row = res.trials.set_index('Kind').loc['resize_on_batch']
+    assert row['Changes'] == 'numerics' and row['Median'] < 0.7*res.trials.Median[0] and 'resize' in row['Change'], res.text()
+    assert 'SlowResize' in [type(f).__name__ for f in learn.dls.train.after_item.fs]  # put back

@@ -151,17 +151,21 @@ class SleepBeforeStep(Callback):
     def before_step(self): time.sleep(0.015)
 
 def test_a_real_slowdown_is_found_in_a_series_of_profiled_fits(tmp_path):
-    "Ten profiled fits, the forward pass sleeping 20 ms, then 30 ms from the sixth (the optimizer step 15 ms): the history finds a change within one run of it and names forward (a change a loaded machine cannot hide: with 8 fits and 3 ms, a CI run under load found none)"
+    """Ten profiled fits, the forward pass sleeping 20 ms, then 50 ms from the sixth (the optimizer step 15 ms): the history
+    finds a change within one run of it and names forward. A change a loaded machine cannot hide: with 8 fits and 3 ms
+    more, a CI run under load found none; with 10 ms more, one (with pytest's other tests beside it, the machine's load
+    changing from fit to fit) found the iteration changing at the fourth fit and named the optimizer step at the sixth,
+    whose share of the rest fell as the forward grew"""
     x = torch.linspace(-1, 1, 8*24)[:, None]
     dls = DataLoaders.from_dsets(list(zip(x, 2*x)), list(zip(x[:16], 2*x[:16])), bs=8, num_workers=0)
     model = Sleepy()
     learn = Learner(dls, model, loss_func=MSELossFlat(), cbs=SleepBeforeStep())
     for i in range(10):
-        model.s = 0.03 if i >= 5 else 0.02
+        model.s = 0.05 if i >= 5 else 0.02
         learn.profile(show_report=False, logger_callback=None, save_json=tmp_path/f'run{i}.json', label=f'run{i + 1}')
         with learn.no_logging(): learn.fit(1)
     h = history([tmp_path/f'run{i}.json' for i in range(10)])
     found = [c for c in h.changes if abs(c.at - 5) <= 1 and c.step == 'forward']
     assert found, [(c.at, c.step, c.p) for c in h.changes]
     f = found[0].table.loc['forward']
-    assert 30 < f['Change %'] < 75, f   # the 10 ms it slept more, against the rest of a batch (15 ms and fastai's loop; load adds to a sleep)
+    assert 50 < f['Change %'] < 200, f   # the 30 ms it slept more (+150% of its sleep), against the rest of a batch (15 ms and fastai's loop; load adds to a sleep): +108% under 8 busy processes

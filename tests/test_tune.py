@@ -416,30 +416,31 @@ def test_tabular_unchanged_by_tuning():
 
 def test_a_fix_is_an_entry_of_the_strategy_table_and_each_trial_goes_to_the_record(tmp_path, monkeypatch):
     """A strategy added to `STRATEGIES` is planned, tried, kept and undone like the built-in ones: here the forward
-    sleeps 30 ms, and the entry halves it (known waits: the gain holds on a busy machine). The record gets a line per
-    fix measured, predicted against measured, and `calibration` reads it"""
+    sleeps 40 ms, and the entry makes it a tenth (known waits, 36 ms less: in a CI run a 15 ms cut of a 30 ms sleep came
+    out no faster, the wake-ups late by what the load decided). The record gets a line per fix measured, predicted
+    against measured, and `calibration` reads it"""
     from fastxtend_prof.tune import STRATEGIES, Strategy, Fix, calibration
-    learn = busy_learner(item=0., compute=30e-3, spend=time.sleep, n_batches=30)
+    learn = busy_learner(item=0., compute=40e-3, spend=time.sleep, n_batches=30)
     def predict(times, ctx, allow):
         f = times[Step.FORWARD]
-        return [Fix('sleep_less', True, Step.FORWARD, times[Step.ITERATION] - f/2, 'the forward sleeps')], []
+        return [Fix('sleep_less', True, Step.FORWARD, times[Step.ITERATION] - 0.9*f, 'the forward sleeps')], []
     def apply(learn, on):
         m = learn.model
         old = m.compute
-        m.compute = old/2
+        m.compute = old/10
         def undo(): m.compute = old
         return undo
     monkeypatch.setitem(STRATEGIES, 'sleep_less', Strategy(predict, apply, 'speed only', lambda v: 'a shorter sleep', 'sleep less'))
     record = tmp_path/'record.csv'
     monkeypatch.setenv('FASTXTEND_PROF_SPEED_RECORD', str(record))
     res = learn.speed_find(max_time=60, batches=20, show=False)
-    assert [f.kind for f in res.fixes] == ['sleep_less'] and learn.model.compute == 30e-3, res.text()
+    assert [f.kind for f in res.fixes][:1] == ['sleep_less'] and learn.model.compute == 40e-3, res.text()
     assert 'a shorter sleep: on; to keep it, sleep less' in res.apply_text(), res.apply_text()
-    rec = pd.read_csv(record)
-    assert list(rec.fix) == ['a shorter sleep'] and list(rec.kind) == ['sleep_less'] and rec.kept.all()
-    row = res.trials.iloc[1]
-    assert rec.predicted_s[0] == pytest.approx(row.Predicted) and rec.measured_s[0] == pytest.approx(row.Median)
-    assert rec.error_pct[0] == pytest.approx(100*(row.Median/row.Predicted - 1))
-    learn.speed_find(max_time=60, batches=20, show=False, record=record)  # appended, one header
+    rec = pd.read_csv(record)  # a line per fix measured (on a busy machine the loader's wait may get a trial of workers too)
+    assert len(rec) == len(res.trials) - 1 and list(rec.fix) == list(res.trials.Change[1:]) and list(rec.kind) == list(res.trials.Kind[1:])
+    mine, row = rec[rec.kind == 'sleep_less'].iloc[0], res.trials.set_index('Kind').loc['sleep_less']
+    assert mine.fix == 'a shorter sleep' and mine.kept and mine.predicted_s == pytest.approx(row.Predicted) and mine.measured_s == pytest.approx(row.Median)
+    assert mine.error_pct == pytest.approx(100*(row.Median/row.Predicted - 1))
+    again = learn.speed_find(max_time=60, batches=20, show=False, record=record)  # appended, one header
     cal = calibration(record)
-    assert cal['fixes'] == 2 and cal['worst_abs_error_pct'] >= cal['median_abs_error_pct'] >= 0, cal
+    assert cal['fixes'] == len(res.trials) + len(again.trials) - 2 and cal['worst_abs_error_pct'] >= cal['median_abs_error_pct'] >= 0, cal
