@@ -36,7 +36,7 @@ from .plots import new_axes, save_figure
 from .gains import amdahl, block_means, interval
 from .advice import fill_text
 from .stages import thread_times, work_share, WAITING, HANDOFF, cores, keep_up
-from .cache import BUDGET, ItemCache, cache_loaders, probe_cache
+from .cache import BUDGET, ItemCache, cache_loaders, probe_cache, rng_states, set_rng_states
 
 # %% ../nbs/17_tune.ipynb #89a7b6fd
 TARGET_SHARE = 0.1  # a step at least this share of the train iteration is worth a trial
@@ -402,7 +402,7 @@ def probe_resize(dl, items:int=8) -> tuple:
     "`(seconds, why)`: the item `Resize` of fastai DataLoader `dl` on its first `items` items, a mean per item (the random states put back), where it could move to the batch (`batch_resize`); else 0 and why"
     r, _, why = batch_resize(dl)
     if r is None: return 0., why
-    fs, split, took, states = list(dl.after_item.fs), getattr(dl.dataset, 'split_idx', None), [], (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    fs, split, took, states = list(dl.after_item.fs), getattr(dl.dataset, 'split_idx', None), [], rng_states()
     try:
         for s in range(min(items, len(dl.dataset))):
             x = dl.create_item(s)
@@ -410,7 +410,7 @@ def probe_resize(dl, items:int=8) -> tuple:
             t = time.perf_counter()
             r(x, split_idx=split)
             took.append(time.perf_counter() - t)
-    finally: random.setstate(states[0]); np.random.set_state(states[1]); torch.set_rng_state(states[2])
+    finally: set_rng_states(states)
     return (float(np.mean(took)), '') if took else (0., 'the loader has no items')
 
 @dataclass
@@ -637,8 +637,10 @@ def append_record(res, path):
 
 def calibration(path) -> dict:
     "How right `speed_find`'s predictions were over a record (`append_record`): the fixes measured, the median and the worst absolute error in percent"
-    d = pd.read_csv(path)
-    d = d[pd.to_numeric(d.get('error_pct'), errors='coerce').notna()]
+    try: d = pd.read_csv(path)
+    except (OSError, ValueError, UnicodeDecodeError) as e: raise ValueError(f'{path}: not a speed_find record ({type(e).__name__}: {e})') from None
+    if 'error_pct' not in d: raise ValueError(f'{path}: not a speed_find record (no `error_pct` column)')
+    d = d[pd.to_numeric(d.error_pct, errors='coerce').notna()]
     e = d.error_pct.astype(float).abs()
     return dict(fixes=len(d), median_abs_error_pct=float(e.median()) if len(e) else math.nan, worst_abs_error_pct=float(e.max()) if len(e) else math.nan)
 
@@ -648,8 +650,12 @@ def load_speed(path) -> SpeedResult:
     except (OSError, ValueError) as e: raise ValueError(f'{path}: not a speed_find configuration ({type(e).__name__}: {e})') from None
     if not isinstance(d, dict) or d.get('format') != SPEED_FORMAT or not isinstance(d.get('fixes'), list):
         raise ValueError(f'{path}: not a speed_find configuration (format {SPEED_FORMAT!r} expected)')
-    bad = [f.get('kind') for f in d['fixes'] if not isinstance(f, dict) or f.get('kind') not in STRATEGIES]
+    bad = [f.get('kind') if isinstance(f, dict) else f for f in d['fixes'] if not isinstance(f, dict) or f.get('kind') not in STRATEGIES]
     if bad: raise ValueError(f'{path}: unknown fixes {bad} (this version knows {", ".join(STRATEGIES)})')
+    ok = dict(num_workers=lambda v: type(v) is int and v >= 0, batch_size=lambda v: type(v) is int and v > 0, cache_items=lambda v: type(v) is int and v > 0,
+              transforms_on_device=lambda v: isinstance(v, str))
+    wrong = [f"{f['kind']}={f.get('value')!r}" for f in d['fixes'] if not ok.get(f['kind'], lambda v: v is True)(f.get('value'))]
+    if wrong: raise ValueError(f'{path}: not a speed_find configuration (values out of range: {", ".join(wrong)})')
     fixes = [Fix(f['kind'], f['value'], f.get('target', ''), f.get('predicted', math.nan), f.get('why', '')) for f in d['fixes']]
     return SpeedResult(pd.DataFrame(columns=list(TRIAL_COLS)), fixes, d.get('verdict', ''), start=d.get('start', {}))
 

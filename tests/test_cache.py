@@ -127,6 +127,11 @@ def test_a_foreign_file_is_not_a_configuration(tmp_path):
     with pytest.raises(ValueError, match='not a speed_find configuration'): load_speed(p)
     p.write_text('not json')
     with pytest.raises(ValueError, match='not a speed_find configuration'): load_speed(p)
+    for fixes, msg in [([{'kind': 'num_workers', 'value': -2}], 'out of range'), ([{'kind': 'num_workers', 'value': 'x'}], 'out of range'),
+                       ([{'kind': 'cache_items', 'value': {'a': 1}}], 'out of range'), ([{'kind': 'foreach', 'value': 3}], 'out of range'),
+                       (['num_workers'], 'unknown fixes'), ([{'kind': 'rm -rf'}], 'unknown fixes')]:
+        p.write_text(json.dumps({'format': 'fastxtend_prof.speed/1', 'fixes': fixes}))
+        with pytest.raises(ValueError, match=msg): load_speed(p)
 
 class SlowResize(Resize):
     "fastai's `Resize` that also waits 10 ms an item (its draw: the work load cannot shorten, and the batch does not do)"

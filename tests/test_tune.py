@@ -444,3 +444,6 @@ def test_a_fix_is_an_entry_of_the_strategy_table_and_each_trial_goes_to_the_reco
     again = learn.speed_find(max_time=60, batches=20, show=False, record=record)  # appended, one header
     cal = calibration(record)
     assert cal['fixes'] == len(res.trials) + len(again.trials) - 2 and cal['worst_abs_error_pct'] >= cal['median_abs_error_pct'] >= 0, cal
+    for text in ('', 'a,b\n1,2\n', '\x00\xff garbage'):
+        (tmp_path/'bad.csv').write_text(text, encoding='latin-1')
+        with pytest.raises(ValueError, match='not a speed_find record'): calibration(tmp_path/'bad.csv')
