@@ -505,50 +505,72 @@ def summarize(rec:TimingRecorder, samples_per_second:bool=True) -> list:
     return rows
 
 # %% ../nbs/00_recorder.ipynb #4c96d353
+_EVENT_POOLS = {}  # device -> resolved timing events free for reuse: one pool per process, kept from fit to fit
+
+def _device_key(device) -> str:
+    "`device` with its index: `cuda` and `cuda:0` share a pool when 0 is the current device"
+    import torch
+    d = torch.device(device)
+    if d.index is not None or d.type == 'cpu': return str(d)
+    try: idx = torch.cuda.current_device() if d.type == 'cuda' else torch.accelerator.current_device_index()
+    except Exception: return str(d)
+    return f'{d.type}:{idx}'
+
 class TorchEventTimer:
-    "Device timer over torch events on `device`, recorded on a stream looked up once per loop (`bind`) and reused from a pool"
+    "Device timer over torch events on `device`, recorded on a stream looked up once per loop (`bind`), from a pool kept for the process"
     def __init__(self, device,
                  new_event:Callable|None=None, # Makes a timing event; default a CUDA event, or `torch.Event` on other accelerators
                  current_stream:Callable|None=None, # Returns the stream to record on; default the device's current stream
                  synchronize:Callable|None=None, # Waits for the device's queued work; default torch's for the device
+                 reserve:int=32*N_SLOTS, # Events made ready before the first loop (a CUDA event is created at its first record)
                 ):
         import torch
         self.device = torch.device(device)
         if self.device.type == 'cuda':
             new = lambda: torch.cuda.Event(enable_timing=True)
             stream, sync = (lambda: torch.cuda.current_stream(self.device)), (lambda: torch.cuda.synchronize(self.device))
+            base = torch._C._CudaEventBase  # the methods `torch.cuda.Event` wraps in Python: one call less at every mark
+            self._rec, self._el, self._query = base.record, base.elapsed_time, base.query
         else:
             new = lambda: torch.Event(device=self.device, enable_timing=True)
             stream, sync = (lambda: torch.accelerator.current_stream(self.device)), torch.accelerator.synchronize
+            self._rec, self._el, self._query = (lambda e, s: e.record(s)), (lambda a, b: a.elapsed_time(b)), (lambda e: e.query())
+        if new_event is not None: self._rec, self._el, self._query = (lambda e, s: e.record(s)), (lambda a, b: a.elapsed_time(b)), (lambda e: e.query())
         self.new_event, self.current_stream, self._sync = new_event or new, current_stream or stream, synchronize or sync
-        self.stream, self.free, self.created = None, [], 0
+        # injected events get a pool of their own; torch's share the process's pool for the device
+        self.free = [] if new_event is not None else _EVENT_POOLS.setdefault(_device_key(self.device), [])
+        self.stream, self.created, self.reserve = None, 0, reserve if new_event is None else 0
 
     def bind(self):
-        "Look up the stream to record on: once per loop, not at every event"
+        "Look up the stream to record on (once per loop, not at every event); the first time, make `reserve` events ready"
         self.stream = self.current_stream()
+        for _ in range(self.reserve - len(self.free)):  # recorded once here, so no mark pays for creating one
+            e = self.new_event(); self._rec(e, self.stream); self.free.append(e); self.created += 1
+        self.reserve = 0
 
     def record(self):
         "An event recorded now on the bound stream: a resolved one from the pool, or a new one"
-        if self.free: e = self.free.pop()
+        free = self.free
+        if free: e = free.pop()
         else: e, self.created = self.new_event(), self.created + 1
-        e.record(self.stream)
+        self._rec(e, self.stream)
         return e
 
     def release(self, events):
         "Give `events`, whose times have been read and which nothing else refers to, back to the pool"
         self.free.extend(events)
 
-    def elapsed(self, a, b) -> float: return a.elapsed_time(b)/1e3
-    def ready(self, e) -> bool: return e.query()
+    def elapsed(self, a, b) -> float: return self._el(a, b)/1e3
+    def ready(self, e) -> bool: return self._query(e)
     def synchronize(self): self._sync()
 
 # %% ../nbs/00_recorder.ipynb #aee01cde
 class EventRecorder(TimingRecorder):
     "A `TimingRecorder` that also records a device event at every boundary through `timer` and resolves them lazily"
     _stateattrs = TimingRecorder._stateattrs + ('timer', '_record', '_bind', '_release', '_ev', '_pending', '_span_ev', '_run_ev',
-                                                '_draw_ev', '_end_ev', '_origin', '_sub_ev')
+                                                '_draw_ev', '_end_ev', '_origin', '_sub_ev', '_chain')
     def __init__(self, timer, warmup:int=1, clock:Callable[[], float]=time.perf_counter, keep_raw:bool=True, chunk:int=4096,
-                 resolve_every:int=64, # Closed batches between non-blocking resolutions of completed events
+                 resolve_every:int=8, # Closed batches between non-blocking resolutions of completed events (at a forward's end)
                 ):
         super().__init__(warmup=warmup, clock=clock, keep_raw=keep_raw, chunk=chunk)
         self.timer, self.resolve_every, self._record = timer, resolve_every, timer.record
@@ -558,6 +580,7 @@ class EventRecorder(TimingRecorder):
         self._ev, self._draw_ev, self._end_ev, self._origin = [None]*N_SLOTS, None, None, None
         self._pending, self._span_ev, self._run_ev = [], {}, None
         self._sub_ev = [None]*3  # the events of `_sub`
+        self._chain = {}  # phase -> (event, device time) of the last resolved row's end: the next row starts there
 
     @property
     def origin(self):
@@ -603,14 +626,18 @@ class EventRecorder(TimingRecorder):
         self._draw_ev = self._record()
 
     def start_batch(self, samples:float=_NAN):
-        ev, host = self._record(), tuple(self._sub)
+        ev = self._record()
         d, self._draw_ev = self._draw_ev, None
         self._end_ev = ev if d is None else d
+        s, sub = self._sub_ev, self._sub
+        split = sub[2] == sub[2]  # the draw was marked inside (read before `super()` settles and clears the host's marks)
+        host = (sub[0], sub[1], sub[2]) if split else None
         super().start_batch(samples)
-        self._ev[BEFORE_DRAW], self._ev[BEFORE_BATCH] = self._end_ev, ev
-        s = self._sub_ev
-        for j, i in enumerate(draw_sources(self._row, host)): self._ev[AFTER_LOAD + j] = None if i is None else s[i]
-        s[0] = s[1] = s[2] = None
+        evs = self._ev
+        evs[BEFORE_DRAW], evs[BEFORE_BATCH] = self._end_ev, ev
+        if split:
+            for j, i in enumerate(draw_sources(self._row, host)): evs[AFTER_LOAD + j] = None if i is None else s[i]
+            s[0] = s[1] = s[2] = None
 
     def draw_mark(self, slot:int) -> float:
         t = super().draw_mark(slot)
@@ -621,6 +648,7 @@ class EventRecorder(TimingRecorder):
         super().mark(slot)
         ev = self._ev
         ev[slot] = ev[AFTER_LOSS] if slot == BEFORE_BACKWARD and ev[AFTER_LOSS] is not None else self._record()  # adjacent: one event for both
+        if slot == AFTER_PRED and len(self._pending) >= self.resolve_every: self.resolve()  # the forward is queued: the device is busy
 
     def end_batch(self, samples:float|None=None):
         super().end_batch(samples)
@@ -638,24 +666,25 @@ class EventRecorder(TimingRecorder):
         ev[NEXT_DRAW] = self._end_ev
         self._pending.append(('row', self._phase, ev, (self._row[SAMPLES], self._row[FLAGS])))
         super()._close_row(end)
-        if len(self._pending) >= self.resolve_every: self.resolve()
+        if len(self._pending) >= 4*self.resolve_every: self.resolve()  # a loop whose forward is never marked still resolves
 
     def resolve(self, block:bool=False):
         "Turn pending events into device timestamps; without `block`, only those the device has completed"
         if block and self._pending: self.timer.synchronize()
-        el, org, release = self.timer.elapsed, self._origin, self._release
+        el, ready, org, release, chain = self.timer.elapsed, self.timer.ready, self._origin, self._release, self._chain
         done = 0
         for kind, key, a, b in self._pending:
             last = a[NEXT_DRAW] if kind == 'row' else b
-            if not block and not self.timer.ready(last): break
+            if not block and not ready(last): break
             done += 1
             if kind == 'span': self.device_spans[key].append(el(a, b))
             elif kind == 'run': self.device[key].runs.append([a, el(org, b), _NAN])  # rows mirror the host's, so the first index is the same
             elif kind == 'run_end': self.device[key].runs[-1][2] = el(org, b)
             else:
-                d = a[BEFORE_DRAW]
-                t = el(org, d)  # the row's place in the fit; its steps are read from its own draw (exact in float32)
-                row = [_NAN if e is None else t if e is d else t + el(d, e) for e in a]
+                d, prev = a[BEFORE_DRAW], chain.get(key)
+                t = prev[1] if prev is not None and prev[0] is d else el(org, d)  # where the previous row ended, else read from the origin
+                row = [_NAN if e is None else t if e is d else t + el(d, e) for e in a]  # each step from the row's own draw: exact in float32
+                chain[key] = (last, row[NEXT_DRAW])
                 row[SAMPLES], row[FLAGS] = b
                 table = self.device[key]
                 table.data.extend(row)

@@ -30,7 +30,7 @@ from .features import choose_features
 from .result import ProfileResult, fit_result
 from .distributed import dist_info
 from .loggers import LoggerHub, check_logger_callback, check_log_every, fix_fastai_wandb
-from . import memory, flops, trace, arrivals, stages, live, compare  # noqa: F401 (imported for what importing does: each registers its feature in `features.FEATURES`)
+from . import memory, flops, trace, arrivals, stages, live, compare, idle, hardware  # noqa: F401 (imported for what importing does: each registers its feature in `features.FEATURES`)
 
 # %% ../nbs/09_simpleprofiler.ipynb #77c1f993
 def _check_bool(name, v):

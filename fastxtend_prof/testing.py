@@ -6,12 +6,13 @@
 __all__ = ['FakeClock', 'ManualClock', 'FakeDevice', 'FakeMemory', 'synthetic_run', 'fake_arrivals', 'busy_cores']
 
 # %% ../nbs/29_testing.ipynb #680b0d3a
-import contextlib, subprocess, sys
+import contextlib, subprocess, sys, warnings
 import numpy as np
 from .recorder import AFTER_LOAD, AFTER_LOSS, AFTER_PRED, AFTER_STEP, AFTER_TFMS, BEFORE_BACKWARD, BEFORE_STEP, BEFORE_TFMS, \
     PRE_AFTER_BATCH, Phase, Step, TimingRecorder
 from .result import ProfileResult
 from .arrivals import POINTS
+from .idle import SYNC_MESSAGE
 
 # %% ../nbs/29_testing.ipynb #eaa2eff2
 class FakeClock:
@@ -40,6 +41,11 @@ class FakeDevice:
     def elapsed(self, a, b) -> float: return b - a
     def ready(self, e) -> bool: return e <= self.t
     def synchronize(self): self.sync()
+    def item(self):
+        "A synchronisation as `.item()` makes one: a microsecond of the caller's Python, the host waits for the queue, and a warning as torch's sync debug mode gives (from the caller's line)"
+        self.host(1e-6)
+        self.sync()
+        warnings.warn(f'{SYNC_MESSAGE} (a FakeDevice)', UserWarning, stacklevel=2)
 
 class FakeMemory:
     "An allocator moved by hand (`alloc`, `free`) with a `capacity`: answers `read` as `AllocatorMemory` does, for tests on a cpu"

@@ -31,6 +31,7 @@ def test_smoke_runs_both_workloads_every_config():
     out = r.stdout.splitlines()
     assert any('CPU SMOKE RUN' in l for l in out), r.stdout
     assert any(l.split() == CONFIGS for l in out), r.stdout  # the table header: one column per configuration
+    for w in ('mlp', 'cnn'): assert len(next(l for l in out if l.startswith(f'{w} loop spread')).split()) == 3 + len(CONFIGS), r.stdout
     for w in ('mlp', 'cnn'):
         ms = next(l for l in out if l.startswith(f'{w} ms/batch')).split()[2:]
         for what in ('loop', 'fit'):

@@ -15,7 +15,9 @@ profiling options.
 
 Each case is profiled with the defaults (the features on by default) and with every feature and file that works on a
 CPU at once: `flops=True`, `live=True` (with fastai's logger on, so the live columns are really written), `trace=True`
-(torch.profiler over a few train batches), `stages=True` (the loader's stages timed), `save_json`, `save_csv` and `plot`; compiled models also with `flops=True`
+(torch.profiler over a few train batches), `stages=True` (the loader's stages timed), `idle=True` and `hardware=True` (on a
+GPU: torch's sync debug mode on the train loops, NVML read on a thread; on a CPU each says it needs a GPU), `save_json`,
+`save_csv` and `plot`; compiled models also with `flops=True`
 alone, the FLOP counter that changed compiled runs before it counted on the side (issue 34). Their compile must stay in the warmup rows: no
 train batch of the profiled run after the warmup may take more than 10x its step's median (and 50 ms more: a compile
 takes 100 ms and more here, the pauses of a busy machine less), and the profiled run must compile its graphs in the
@@ -144,7 +146,7 @@ def wall_times():
     if WALL: print('\nprofiled runs (s):\n' + '\n'.join(f'  {c:<28} {o:<75} {s:6.2f}' for (c, o), s in WALL.items()))
 
 # ------------------------------------------------------------------------------------------ profiling options
-OPTIONS = {'defaults': {}, 'all': dict(flops=True, live=True, trace=True, stages=True, save_json=True, save_csv=True, plot=True)}  # the default profile, and every feature and file
+OPTIONS = {'defaults': {}, 'all': dict(flops=True, live=True, trace=True, stages=True, idle=True, hardware=True, save_json=True, save_csv=True, plot=True)}  # the default profile, and every feature and file (idle and hardware say they need a GPU on a CPU)
 
 def check_options_ran(learn, kw):
     "The options asked for did their work: the files are there, the trace window ran, the live columns were logged"
