@@ -33,7 +33,7 @@ class NvmlDevice:
         idx = torch.cuda.current_device() if idx is None else idx
         uuid = getattr(torch.cuda.get_device_properties(idx), 'uuid', None)
         try: self.handle = N.nvmlDeviceGetHandleByUUID(f'GPU-{uuid}') if uuid else N.nvmlDeviceGetHandleByIndex(idx)
-        except N.NVMLError: self.handle = N.nvmlDeviceGetHandleByIndex(idx)  # NVML numbers the GPUs as CUDA does without CUDA_VISIBLE_DEVICES
+        except Exception: self.handle = N.nvmlDeviceGetHandleByIndex(idx)  # no UUID match: NVML numbers the GPUs as CUDA does without CUDA_VISIBLE_DEVICES
         self.name = N.nvmlDeviceGetName(self.handle)
         self.name = self.name.decode() if isinstance(self.name, bytes) else self.name
         try: self.gpm = bool(N.nvmlGpmQueryDeviceSupport(self.handle).isSupportedDevice)

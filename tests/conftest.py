@@ -83,6 +83,18 @@ class LyingDL:
         if k.startswith('__'): raise AttributeError(k)
         return getattr(self.__dict__['dl'], k)
 
+def cpu_learner(n=64):
+    "A tiny Learner on the CPU, no progress bar: for what a feature says where there is no GPU"
+    import torch
+    from torch import nn
+    from fastai.learner import Learner
+    from fastai.data.core import DataLoaders
+    from fastai.callback.progress import ProgressCallback
+    x = torch.randn(n, 4)
+    learn = Learner(DataLoaders.from_dsets(list(zip(x, x[:, :1])), list(zip(x, x[:, :1])), bs=8, device='cpu'), nn.Linear(4, 1), loss_func=nn.MSELoss())
+    learn.remove_cb(ProgressCallback)
+    return learn
+
 # ----------------------------------------------------------------------------------------------- the recorder seam
 @contextlib.contextmanager
 def recorder_with(clock=time.perf_counter, mode='none', timer=None):

@@ -10,7 +10,7 @@ Each fit is built from known work: GPU work as `torch.cuda._sleep` kernels (cali
 - a model of many tiny kernels: on launching ('launch').
 
 The sync debug mode is the process's: the tests also check it is back off after each fit."""
-import statistics, time
+import time
 import pytest, torch
 from torch import nn
 import torch.nn.functional as F
@@ -20,36 +20,15 @@ from fastai.optimizer import SGD
 from fastai.callback.core import Callback
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
+from test_gpu_accuracy import kernel_ms, _SleepGrad, SleepModel  # the known GPU work: a forward and a backward of `_sleep` kernels
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device; this machine has none')]
 
-def kernel_ms(cycles:int) -> float:
-    times = []
-    for _ in range(3):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record(); torch.cuda._sleep(cycles); b.record(); b.synchronize()
-        times.append(a.elapsed_time(b))
-    return statistics.median(times)
-
 @pytest.fixture(scope='module')
 def per_ms():
+    "`torch.cuda._sleep` cycles a millisecond, calibrated against CUDA events"
     torch.cuda.init(); kernel_ms(1_000_000)
     return 50_000_000/kernel_ms(50_000_000)
-
-class _SleepGrad(torch.autograd.Function):
-    cycles = 0
-    @staticmethod
-    def forward(ctx, x): return x.view_as(x)
-    @staticmethod
-    def backward(ctx, g):
-        torch.cuda._sleep(_SleepGrad.cycles)
-        return g
-
-class SleepModel(nn.Module):
-    def __init__(self, cycles): super().__init__(); self.lin, self.cycles = nn.Linear(16, 16), cycles
-    def forward(self, x):
-        torch.cuda._sleep(self.cycles)
-        return _SleepGrad.apply(self.lin(x))
 
 class HostWork(Callback):
     "`s` seconds of host work at the start of the backward (after the profiler's mark), as a callback's Python would take"

@@ -40,3 +40,8 @@ def test_smoke_runs_both_workloads_every_config():
             assert all(float(x) > 0 for x in ms + ratio), r.stdout
             assert float(ratio[0]) == 1.0, r.stdout  # none over itself
     assert 'round 1/1' in r.stderr and 'failed' not in r.stderr, r.stderr[-3000:]
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason='checks the message given where there is no CUDA device')
+def test_gpu_marks_without_cuda_says_so_and_exits_0():
+    r = subprocess.run([sys.executable, 'benchmarks/gpu_marks.py'], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip().startswith('no CUDA device') and 'Traceback' not in r.stderr, (r.stdout, r.stderr)

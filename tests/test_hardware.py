@@ -8,6 +8,7 @@ from fastai.data.core import DataLoaders
 from fastai.callback.core import Callback
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401
+from conftest import cpu_learner
 from fastxtend_prof import hardware
 
 class FakeNvml:
@@ -56,9 +57,7 @@ def test_short_epochs_make_windows_of_at_least_a_second_and_no_gpm_says_so(monke
     assert 'GPM metrics (SM and tensor-core activity) not available on this GPU' in learn.profile_result.lines()[-1]
 
 def test_on_a_cpu_it_says_in_one_line_that_it_needs_a_gpu():
-    x = torch.randn(64, 4)
-    learn = Learner(DataLoaders.from_dsets(list(zip(x, x[:, :1])), list(zip(x, x[:, :1])), bs=8, device='cpu'), nn.Linear(4, 1), loss_func=nn.MSELoss())
-    learn.remove_cb(ProgressCallback)
+    learn = cpu_learner()
     learn.profile(hardware=True, show_report=False)
     with learn.no_logging(): learn.fit(1)
     assert learn.profile_result.lines()[-1] == 'GPU activity and energy: not read (needs an NVIDIA GPU: the model trains on the cpu).'

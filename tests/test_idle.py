@@ -16,7 +16,7 @@ from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401
 from fastxtend_prof.testing import FakeDevice
 from fastxtend_prof.idle import SYNC_MESSAGE, SyncWatch, idle_text
-from conftest import recorder_with
+from conftest import recorder_with, cpu_learner
 
 class Sim(Callback):
     "Known work in each step: host time on the fake device's clock, device work queued on it"
@@ -113,9 +113,7 @@ def test_the_watch_leaves_warnings_as_they_were_and_passes_other_warnings_on():
     assert warnings.filters == filters and warnings.showwarning is show
 
 def test_on_a_cpu_it_says_in_one_line_that_it_needs_a_gpu():
-    x = torch.randn(64, 4)
-    learn = Learner(DataLoaders.from_dsets(list(zip(x, x[:, :1])), list(zip(x, x[:, :1])), bs=8, device='cpu'), nn.Linear(4, 1), loss_func=nn.MSELoss())
-    learn.remove_cb(ProgressCallback)
+    learn = cpu_learner()
     learn.profile(idle=True, show_report=False)
     with learn.no_logging(): learn.fit(1)
     lines = [l for l in learn.profile_result.lines() if l.startswith('GPU idle')]
