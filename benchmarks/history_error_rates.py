@@ -20,13 +20,24 @@ short sleep overshoots). Found: a change point within one run of the injection
   that names that step (for the draw, its part `wait`, where the loader's collate runs, is named too).
 
 Each series is judged with the history's default `--min-shift` and, on the same runs, with each other value of
-`--min-shift` given. Each rate comes with its 95% Clopper-Pearson interval. Series of both kinds alternate, so a slow drift of the machine
+`--min-shift` given. Each rate comes with its 95% Clopper-Pearson interval.
+
+Beside it, on the same runs:
+
+- **Apache Otava** (`--otava PYTHON`: a Python with `apache-otava` installed, in an environment of its own, as it pins
+  its own numpy and scipy: `python -m venv /tmp/otava && /tmp/otava/bin/pip install apache-otava==0.8.0`), fed each
+  step's mean time a batch per run, as its users feed it a benchmark's metric per commit, with its default options
+  (e-divisive means, `max_pvalue` 0.001, `window_len` 50). An alarm is any change point in any step; found, one within a
+  run of the slowdown in the slowed step's series.
+- **`compare`** on the A/A series' consecutive runs (9 pairs a series of 10): how often it says the train iteration
+  got slower (its `Result`, thresholds included), against its level `alpha`; and how often its test alone does
+  (p under `alpha`, slower). Series of both kinds alternate, so a slow drift of the machine
 falls on both. Usage (about 10 minutes on a quiet 2-core machine with the defaults):
 
     python benchmarks/history_error_rates.py --series 30 --runs 10 --work sleep
     python benchmarks/history_error_rates.py --series 30 --runs 10 --work compute
 """
-import argparse, json, os, time
+import argparse, json, os, subprocess, tempfile, time
 from pathlib import Path
 os.environ.setdefault('OMP_NUM_THREADS', '1')
 import numpy as np, torch
@@ -36,6 +47,8 @@ from fastai.basics import Learner, DataLoaders, CrossEntropyLossFlat
 from fastai.callback.core import Callback
 import fastxtend_prof.all  # noqa: F401  (adds `learn.profile`)
 from fastxtend_prof.history import MIN_SHIFT, history, change_text
+from fastxtend_prof.compare import compare_profiles
+from fastxtend_prof.defaults import ALPHA
 from fastxtend_prof.saved import save_profile
 
 STEPS = ('forward', 'backward', 'opt_step', 'draw')  # the step a series slows down, in turn
@@ -104,7 +117,31 @@ def one_series(runs:int, batches:int, step:str|None, at:int|None, slowdown:float
         if keep: save_profile(run, keep/f'run{i + 1:02d}.json')
         if i == 0: first = {s: float(np.mean(run.distributions[('train', s)])) for s in STEPS}
     by = {m: judged(saved, step, at, m) for m in min_shifts}
-    return dict(step=step, at=at, **by[min_shifts[0]], by_min_shift={str(m): {k: r[k] for k in ('alarm', 'found')} for m, r in by.items()})
+    names = [k[1] for k in saved[0].distributions if k[0] == 'train']
+    means = {st: [float(np.mean(r.distributions[('train', st)])) for r in saved] for st in names}  # what Otava is fed: a metric per step, a value per run
+    pairs = [] if step is not None else [compare_profiles(a, b).set_index(['Phase', 'Step']).loc[('train', 'iteration')] for a, b in zip(saved, saved[1:])]
+    return dict(step=step, at=at, **by[min_shifts[0]], by_min_shift={str(m): {k: r[k] for k in ('alarm', 'found')} for m, r in by.items()}, means=means,
+                compare=[dict(result=str(c['Result']), p=float(c['p-value']), change=float(c['Change %'])) for c in pairs])
+
+OTAVA = '''
+import json, sys
+from otava.series import AnalysisOptions, Metric, Series
+out = []
+for means in json.load(open(sys.argv[1])):
+    n = len(next(iter(means.values())))
+    s = Series('history', None, list(range(n)), {k: Metric(1, 1.) for k in means}, means, {})
+    cps = s.analyze(AnalysisOptions()).change_points
+    out.append([(int(cp.index), k) for k, v in cps.items() for cp in v])
+print(json.dumps(out))
+'''
+
+def otava(python:str, series:list) -> list:
+    "Apache Otava's change points `[(index, step)]` of each of `series` (each `{step: [mean a batch, per run]}`), run by `python`, which has it"
+    with tempfile.NamedTemporaryFile('w', suffix='.json', delete=False) as f: json.dump(series, f)
+    try: r = subprocess.run([python, '-c', OTAVA, f.name], capture_output=True, text=True, timeout=3600)
+    finally: os.unlink(f.name)
+    if r.returncode: raise RuntimeError(f'otava failed: {r.stderr[-2000:]}')
+    return [[tuple(c) for c in cps] for cps in json.loads(r.stdout.strip().splitlines()[-1])]
 
 def rate(k:int, n:int) -> str:
     "`k` of `n` as a percentage with its 95% Clopper-Pearson interval"
@@ -123,6 +160,7 @@ def main():
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out', help='write every series as JSON here')
     p.add_argument('--keep', help="save every run's file in this folder (a folder a series: aa-07/, slowdown-07/), to judge the series again with `fastxtend-prof history`")
+    p.add_argument('--otava', metavar='PYTHON', help='a Python with apache-otava installed: judge the same runs with Apache Otava too')
     a = p.parse_args()
     torch.set_num_threads(1)
     rng, t0, aa, ab = np.random.default_rng(a.seed), time.time(), [], []
@@ -140,12 +178,22 @@ def main():
     print(f'{a.slowdown:.0%} slowdown of one step found within one run and named: {rate(sum(r["found"] for r in ab), len(ab))}')
     for s in STEPS:
         rs = [r for r in ab if r['step'] == s]
+        if not rs: continue
         moved = [t[n]['Change %'] for r in rs for c, t in zip(r['changes'], r['tables']) if r['found'] for n in NAMED.get(s, (s,))[-1:] if c[1] in NAMED.get(s, (s,))]
-        print(f'  {s}: {rate(sum(r["found"] for r in rs), len(rs))}' + (f'; measured {np.median(moved):+.1f}% (median, against the rest of the iteration)' if moved else ''))
+        print(f'  {s}: {rate(sum(r["found"] for r in rs), len(rs))}' + (f'; measured {np.median(moved):+.1f}% (median of its own time\'s change, on the same machine)' if moved else ''))
     for m in a.min_shift[1:]:
         k = str(m)
         print(f'With --min-shift {m:g}: A/A false alarms {rate(sum(r["by_min_shift"][k]["alarm"] for r in aa), len(aa))}; '
               f'found {rate(sum(r["by_min_shift"][k]["found"] for r in ab), len(ab))}')
+    cmp = [c for r in aa for c in r['compare']]
+    slower, test = sum(c['result'] == 'slower' for c in cmp), sum(c['p'] < ALPHA and c['change'] > 0 for c in cmp)
+    print(f'compare on consecutive A/A runs (level {ALPHA:g}): says slower {rate(slower, len(cmp))}; its test alone, slower {rate(test, len(cmp))}')
+    if a.otava:
+        cps = otava(a.otava, [r['means'] for r in aa + ab])
+        for r, c in zip(aa + ab, cps): r['otava'] = c
+        hit = lambda r: any(abs(i - r['at']) <= 1 and st in NAMED.get(r['step'], (r['step'],)) for i, st in r['otava'])
+        print(f"Apache Otava 0.8.0 (defaults: max_pvalue 0.001, window 50) on the same runs: A/A false alarms {rate(sum(bool(r['otava']) for r in aa), len(aa))}; "
+              f"found and in the slowed step's series {rate(sum(hit(r) for r in ab), len(ab))}")
     if a.out: Path(a.out).write_text(json.dumps(dict(args=vars(a), aa=aa, slowdown=ab), indent=1))
 
 if __name__ == '__main__': main()

@@ -12,14 +12,13 @@ __all__ = ['MIN_CALLS', 'CONFIDENCE', 'HEADLINE', 'COMPARED_SETTINGS', 'COMPARE_
 import math
 from pathlib import Path
 import numpy as np, pandas as pd
-from scipy import stats as sps
-from .recorder import APART, DRAW_STEPS, LOOP_STEPS, Cols, Phase, Step, StepSummary, check_number, TRAIN_PARTS
+from .recorder import APART, DRAW_STEPS, LOOP_STEPS, Cols, Phase, Step, StepSummary, check_int, check_number, TRAIN_PARTS
 from .report import run_metadata, format_duration, text_table, text_width
 from .saved import (COMPARED, SavedProfile, as_profile, encode_distributions, load_profile, profile_of, stage_place,  # noqa: F401  (the saved run's names, also read from here)
                     step_distributions)
 from .advice import Advice, fill_text
 from .features import FEATURES, Feature, Later, register_feature
-from .gains import independent_ratio
+from .stats import BLOCK, CHANGE, CHANGE_COLS, CI_HIGH, CI_LOW, P_VALUE, compare, estimate  # the one model behind every verdict
 from .defaults import ALPHA, MIN_CHANGE, MIN_SHARE  # shared with the command line's parser, which must not import this module
 
 # %% ../nbs/08_compare.ipynb #8f302784
@@ -28,21 +27,15 @@ def _moments(d) -> tuple:
     if isinstance(d, StepSummary): return d.n, d.mean, d.m2/(d.n - 1) if d.n > 1 else math.nan, d.quantile(.5)
     return len(d), float(np.mean(d)), float(np.var(d, ddof=1)) if len(d) > 1 else math.nan, float(np.median(d))
 
-def change_stats(base, new, confidence:float=0.95) -> dict:
-    "How `new`'s durations differ from `base`'s: the change of the mean with its confidence interval, the medians, and a p-value"
-    (nb, mb, vb, medb), (nn, mn, vn, medn) = _moments(base), _moments(new)
-    out = {'Base Calls': nb, 'New Calls': nn, 'Base Mean': mb, 'New Mean': mn, 'Base Median': medb, 'New Median': medn,
-           'Change %': 100*(mn/mb - 1) if mb > 0 else math.nan}
-    if min(nb, nn) < 2 or not (mb > 0 and mn > 0): return {**out, 'CI Low %': math.nan, 'CI High %': math.nan, 'p-value': math.nan, 'Test': ''}
-    _, lo, hi = (100*(x - 1) for x in independent_ratio((nn, mn, vn), (nb, mb, vb), confidence))  # the delta method
-    if isinstance(base, np.ndarray) and isinstance(new, np.ndarray):
-        p, test = float(sps.mannwhitneyu(base, new, alternative='two-sided').pvalue), 'Mann-Whitney U'
-    else:
-        s2b, s2n = vb/nb, vn/nn
-        t = (mn - mb)/math.sqrt(s2b + s2n) if s2b + s2n > 0 else 0.
-        df = (s2b + s2n)**2/(s2b**2/(nb - 1) + s2n**2/(nn - 1)) if s2b + s2n > 0 else 1.
-        p, test = float(2*sps.t.sf(abs(t), df)), 'Welch t'
-    return {**out, 'CI Low %': lo, 'CI High %': hi, 'p-value': p, 'Test': test}
+def change_stats(base, new, confidence:float=0.95, block:int=BLOCK) -> dict:
+    "How `new`'s durations differ from `base`'s: the change of the mean with its interval and the test's p-value (`stats.compare` of `stats.estimate`s over blocks of `block` batches), and the medians"
+    (nb, _, _, medb), (nn, _, _, medn) = _moments(base), _moments(new)
+    eb, en = estimate(base, block), estimate(new, block)
+    st = compare(eb, en, confidence)
+    raw = not (isinstance(base, StepSummary) or isinstance(new, StepSummary))
+    test = '' if st[P_VALUE] != st[P_VALUE] else f"Welch t, blocks of {block}" if raw and block > 1 else 'Welch t'
+    return {'Base Calls': nb, 'New Calls': nn, 'Base Mean': eb.mean, 'New Mean': en.mean, 'Base Median': medb, 'New Median': medn,
+            **{k: st[k] for k in CHANGE_COLS}, 'Test': test}
 
 # %% ../nbs/08_compare.ipynb #02a79ae2
 def _stage_view(meta:dict) -> pd.DataFrame:
@@ -106,14 +99,14 @@ def _clear(p:float, lo:float, hi:float, alpha:float) -> bool:
     "Whether a tested change is no noise: its p-value under `alpha` and its interval `lo`..`hi` (percent) clear of zero"
     return p < alpha and (lo > 0 or hi < 0)
 
-def _row(b:SavedProfile, n:SavedProfile, phase, action, step, alpha, min_change, confidence) -> dict:
+def _row(b:SavedProfile, n:SavedProfile, phase, action, step, alpha, min_change, confidence, block=BLOCK) -> dict:
     key = (phase, step)
-    if key in b.distributions and key in n.distributions: st = change_stats(b.distributions[key], n.distributions[key], confidence)
+    if key in b.distributions and key in n.distributions: st = change_stats(b.distributions[key], n.distributions[key], confidence, block)
     else:  # a file without distributions: the means, untested
         mean = lambda p: float(p.results[(p.results.Phase == phase) & (p.results.Step == step)][Cols.MEAN].iloc[0])
         mb, mn = mean(b), mean(n)
-        st = {'Base Mean': mb, 'New Mean': mn, 'Change %': 100*(mn/mb - 1) if mb > 0 else math.nan, 'Test': ''}
-    sig = bool(st['Test'] and _clear(st['p-value'], st['CI Low %'], st['CI High %'], alpha) and abs(st['Change %']) >= min_change)
+        st = {'Base Mean': mb, 'New Mean': mn, CHANGE: 100*(mn/mb - 1) if mb > 0 else math.nan, 'Test': ''}
+    sig = bool(st['Test'] and _clear(st[P_VALUE], st[CI_LOW], st[CI_HIGH], alpha) and abs(st[CHANGE]) >= min_change)
     return dict(Phase=phase, Action=action, Step=step, **st, **{'Base Samples/s': _value(b.results, phase, step),
                 'New Samples/s': _value(n.results, phase, step), 'Significant': sig,
                 **{f'{w} {c}': _value(p.results, phase, step, c) for c in compared_columns() for w, p in (('Base', b), ('New', n))}})
@@ -123,8 +116,8 @@ def _of_iteration(cmp:pd.DataFrame) -> pd.Series:
     it = cmp[cmp.Step == Step.ITERATION].set_index(Cols.PHASE)['Base Mean']
     return 100*(cmp['New Mean'] - cmp['Base Mean'])/cmp.Phase.map(it)
 
-COMPARE_COLS = (Cols.PHASE, Cols.ACTION, Cols.STEP, 'Base Mean', 'New Mean', 'Change %', 'CI Low %', 'CI High %', 'Of Iteration %', 'Base Median', 'New Median',
-                'Base Calls', 'New Calls', 'Base Samples/s', 'New Samples/s', 'p-value', 'Test', 'Significant', 'Result')  # then each feature's compared columns
+COMPARE_COLS = (Cols.PHASE, Cols.ACTION, Cols.STEP, 'Base Mean', 'New Mean', CHANGE, CI_LOW, CI_HIGH, 'Of Iteration %', 'Base Median', 'New Median',
+                'Base Calls', 'New Calls', 'Base Samples/s', 'New Samples/s', P_VALUE, 'Test', 'Significant', 'Result')  # then each feature's compared columns
 
 def compared_columns() -> dict:
     "`{column: format}` of the features' columns a comparison shows for both runs (`Feature.compared`), such as the FLOPs feature's MFU"
@@ -136,13 +129,15 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
                      min_change:float=MIN_CHANGE, # ... and the mean moved by at least this many percent (runs of the same code differ by up to ~15%)
                      min_share:float=MIN_SHARE, # ... and by at least this many percent of the phase's iteration time (smaller moves don't change the batch)
                      confidence:float=CONFIDENCE, # Of the interval on the change of the mean
+                     block:int=BLOCK, # Batches a block of the statistics (`stats.estimate`): `speed_find` gives the loader's workers
                     ) -> pd.DataFrame:
     "Per (phase, step), how `new`'s per-batch times differ from `base`'s, with a test; the verdict and warnings in `.attrs`"
     check_number('alpha', alpha, 0, 1, open_lo=True); check_number('confidence', confidence, 0, 1, open_lo=True)
+    check_int('block', block, 1, 'batches a block')
     check_number('min_change', min_change, why='percent'); check_number('min_share', min_share, why="percent of the phase's iteration")
     b, n = as_profile(base, 'base'), as_profile(new, 'new')
     keys = set(zip(n.results.Phase, n.results.Step))
-    rows = [_row(b, n, p, a, s, alpha, min_change, confidence) for p, a, s in zip(b.results.Phase, b.results.Action, b.results.Step)
+    rows = [_row(b, n, p, a, s, alpha, min_change, confidence, block) for p, a, s in zip(b.results.Phase, b.results.Action, b.results.Step)
             if p != Phase.FIT and s in COMPARED and (p, s) in keys]
     if not rows: raise ValueError('`base` and `new` have no train or valid step in common to compare')
     out = pd.DataFrame(rows)

@@ -10,7 +10,7 @@ __all__ = ['TARGET_SHARE', 'MIN_PREDICTED', 'KNEE', 'SLACK', 'OVERSUBSCRIBE', 'S
            'predict_channels_last', 'predict_mixed_precision', 'predict_batch_size', 'plan', 'bound_by', 'LearnerState',
            'set_num_workers', 'set_pin_memory', 'set_transforms_device', 'set_optimizer_flag', 'set_channels_last',
            'set_mixed_precision', 'set_batch_size', 'set_item_cache', 'batch_resize', 'set_resize_on_batch',
-           'probe_resize', 'Strategy', 'probe_loader', 'TrialEnd', 'set_aside', 'run_trial', 'without_last', 'blocked',
+           'probe_resize', 'Strategy', 'probe_loader', 'TrialEnd', 'set_aside', 'run_trial', 'without_last',
            'SpeedResult', 'append_record', 'calibration', 'load_speed']
 
 # %% ../nbs/17_tune.ipynb #298c8c3a
@@ -33,7 +33,8 @@ from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, 
 from .rules import REMEDIES, torch_optimizer, _loader_settings
 from .events import train_device
 from .plots import new_axes, save_figure
-from .gains import amdahl, block_means, interval
+from .gains import amdahl, interval
+from .stats import estimate
 from .advice import fill_text
 from .stages import thread_times, work_share, WAITING, HANDOFF, cores, keep_up
 from .cache import BUDGET, ItemCache, cache_loaders, probe_cache, rng_states, set_rng_states
@@ -499,11 +500,6 @@ def without_last(prof):
     train = str(Phase.TRAIN)
     return replace(prof, distributions={k: v[:-1] if k[0] == train and isinstance(v, np.ndarray) else v for k, v in prof.distributions.items()})
 
-def blocked(prof, b:int):
-    "`prof` with each step's per-batch durations replaced by their means over blocks of `b` batches (the last partial block left out)"
-    if b <= 1: return prof
-    return replace(prof, distributions={k: block_means(v, size=b) if isinstance(v, np.ndarray) else v for k, v in prof.distributions.items()})
-
 def _per_start_batch(prof, bs0:int):
     "`prof` with its per-batch durations rescaled to `bs0` samples a batch: how a batch-size trial is compared"
     bs = prof.metadata.get('batch_size')
@@ -523,9 +519,9 @@ def _measured(prof=None, block:int=1, confidence:float=CONFIDENCE) -> dict:
     rate = bs/float(d.mean()) if bs and len(d) else float(r[Cols.RATE].iloc[0]) if len(r) else nan  # of the batches the statistics keep
     out = {'Median': float(np.median(d)) if len(d) else nan, 'Mean': float(d.mean()) if len(d) else nan, 'Batches': len(d),
            'Samples/s': rate, 'Samples/s Low': nan, 'Samples/s High': nan}
-    blocks = block_means(d, size=block)
-    if len(blocks) < 2: return out
-    lo, hi = interval(rate, float(blocks.std(ddof=1))/(math.sqrt(len(blocks))*out['Mean']), confidence)  # the delta method: the mean's spread, on rate's log scale
+    e = estimate(d, block)
+    if not e.se == e.se: return out
+    lo, hi = interval(rate, e.se/e.mean, confidence)  # the delta method: the mean's spread (`stats.estimate`), on rate's log scale
     return {**out, 'Samples/s Low': lo, 'Samples/s High': hi}
 
 def _iteration_row(cmp) -> dict:
@@ -703,8 +699,8 @@ def _run_fix(learn, f, batches:int, warmup:int, deadline:float, sync:str) -> tup
 
 def _judge(f, prof, start, best, bs0:int, batches:int, alpha:float, min_change:float) -> tuple:
     "`(kept, row)`: the trial `prof` of `f` against the start and the best so far, kept when significantly faster than the best"
-    judge = lambda x, y: _iteration_row(compare_profiles(*(blocked(_per_start_batch(z, bs0), _block(batches, x, y)) for z in (x, y)),
-                                                         alpha=alpha, min_change=min_change))
+    judge = lambda x, y: _iteration_row(compare_profiles(_per_start_batch(x, bs0), _per_start_batch(y, bs0), alpha=alpha, min_change=min_change,
+                                                         block=_block(batches, x, y)))
     vs_start = judge(start, prof)
     vs_best = vs_start if best is start else judge(best, prof)
     ok = bool(vs_best.get('Significant')) and vs_best.get('Change %', 0) < 0

@@ -13,7 +13,7 @@ from fastai.basics import Learner, DataLoaders, MSELossFlat
 from fastai.callback.core import Callback
 import fastxtend_prof.all  # noqa: F401
 from fastxtend_prof.saved import LABEL_ENV, SavedProfile, load_profile, save_profile
-from fastxtend_prof.history import history, regressed, run_name
+from fastxtend_prof.history import accepted_runs, change_text, gate, history, run_name, verdict_text
 from fastxtend_prof.summary import SUMMARY_SCHEMA, history_bmf, history_markdown, history_summary, run_bmf, run_markdown, run_summary
 from fastxtend_prof.compare import compare_profiles
 
@@ -54,19 +54,95 @@ def cli(*args, cwd=None):
     return subprocess.run([sys.executable, '-m', 'fastxtend_prof', *map(str, args)], capture_output=True, text=True, timeout=300, env=ENV, cwd=cwd)
 
 def test_history_names_the_change_and_gates_the_latest_run(tmp_path):
-    "A folder of 10 runs, forward 20% slower from the 7th (8% of the batch: 1.7% of it): the change before run 7 names forward; the gate passes on a level that has held, fails on a slowdown (20%) that lands with the latest run"
-    p = cli('history', folder(tmp_path/'runs', series(10, slow_from=6)), '--fail-on-regression', '5')
+    "A folder of 10 runs, forward 20% slower from the 7th (8% of the batch: 1.7% of it): the change before run 7 names forward, and the gate on forward fails at the latest run (the slowdown is remembered); accepted, it passes"
+    runs = folder(tmp_path/'runs', series(10, slow_from=6))
+    p = cli('history', runs, '--fail-on-regression', '5', '--step', 'train/forward')
     said = ' '.join(p.stdout.split())
-    assert p.returncode == 0 and 'before run 7 (c07)' in said and 'forward +' in said and 'the step that moved' in said, p.stdout + p.stderr
-    assert 'gate passed' in said
-    landed = folder(tmp_path/'landed', series(7, slow_from=6, step='backward', seed=1, by=1.2))
-    p = cli('history', landed, '--fail-on-regression', '5', '--step', 'train/backward')
-    assert p.returncode == 1 and 'gate FAILED' in p.stdout, p.stdout + p.stderr
-    assert cli('history', landed, '--fail-on-regression', '50', '--step', 'train/backward').returncode == 0   # real, but not more than 50%
-    few = cli('history', folder(tmp_path/'few', series(3, slow_from=2, by=2.)), '--fail-on-regression', '5')     # too few runs to judge: passes, and says so
-    assert few.returncode == 0 and 'not checked: the latest run needs 3 runs before it' in ' '.join(few.stdout.split()), few.stdout + few.stderr
+    assert p.returncode == 1 and 'before run 7 (c07)' in said and 'forward +' in said and 'the step that moved' in said, p.stdout + p.stderr
+    assert 'gate: regression' in said and 'against runs 1 to 6' in said
+    assert cli('history', runs, '--fail-on-regression', '5', '--step', 'train/forward', '--accept', 'c07').returncode == 0
+    assert cli('history', runs, '--fail-on-regression', '50', '--step', 'train/forward').returncode == 0   # real, but not more than 50%
     same = cli('history', folder(tmp_path/'same', series(10, seed=2)), '--fail-on-regression', '5')
     assert same.returncode == 0 and 'Change points' in same.stdout and '  none' in same.stdout, same.stdout
+
+# ------------------------------------------------------------------------------------------ the gate that remembers
+MS = dict(draw=1.0, forward=10.0, loss=0.3, backward=1.0, opt_step=0.5, zero_grad=0.1, other=0.3)  # the forward series: 13.2 ms, forward most of it
+LOADER = dict(draw=9.5, forward=0.5, loss=0.1, backward=0.5, opt_step=0.2, zero_grad=0.05, other=0.15)  # the loader-bound series: 11 ms, the draw most of it
+
+def synthetic(levels:list, ms:dict=MS, machine:float=0.02, seed:int=0, batches:int=200) -> list:
+    "Runs of `ms` milliseconds a step a batch, each step of run i scaled by `levels[i]` (a dict), all by a machine factor (lognormal, `machine`), each batch by 5%"
+    rng, out = np.random.default_rng(seed), []
+    for i, scale in enumerate(levels):
+        m = rng.lognormal(0, machine)
+        d = {('train', s): ms[s]*1e-3*m*scale.get(s, 1.)*rng.lognormal(0, 0.05, batches) for s in ms}
+        d[('train', 'iteration')] = sum(d[('train', s)] for s in ms)
+        res = BASE.results.copy()
+        res.loc[(res.Phase == 'fit') & (res.Step == 'train'), 'Samples/Second'] = 8/float(d[('train', 'iteration')].mean())
+        meta = {**BASE.metadata, 'label': f'c{i + 1:03d}', 'timestamp': f'2026-11-01T10:{i // 60:02d}:{i % 60:02d}+00:00'}
+        out.append(replace(BASE, results=res, distributions=d, metadata=meta, source=f'c{i + 1:03d}'))
+    return out
+
+def gate_exits(runs:list, upto, *args) -> list:
+    "The exit status of `history --fail-on-regression 10` on the first k runs, for each k in `upto`"
+    return [cli('history', *[r.source for r in runs[:k]], '--fail-on-regression', '10', *args, cwd=runs[0].metadata['folder']).returncode for k in upto]
+
+def saved_series(tmp:Path, runs:list) -> list:
+    "`runs` saved in `tmp` as `<label>.json`, each run's source its file name there"
+    tmp.mkdir(parents=True, exist_ok=True)
+    for r in runs: save_profile(r, tmp/f'{r.source}.json')
+    return [replace(r, source=f'{r.source}.json', metadata={**r.metadata, 'folder': tmp}) for r in runs]
+
+def test_a_regression_fails_the_gate_until_it_is_accepted(tmp_path):
+    "Forward 10 -> 13 ms from the 7th of 10 runs (the iteration +23%): `--fail-on-regression 10` exits 1 at every run from the 7th on (it exited 0 from the 8th on before the gate remembered); `--accept` naming the 7th exits 0"
+    runs = saved_series(tmp_path, synthetic([{'forward': 1.3} if i >= 6 else {} for i in range(10)]))
+    assert gate_exits(runs, range(7, 11)) == [1, 1, 1, 1]
+    assert gate_exits(runs, [6]) == [0]                                     # before it
+    assert gate_exits(runs, [7, 10], '--accept', 'c007') == [0, 0]          # accepted: the level from run 7 is the reference
+    (tmp_path/'accepted.txt').write_text('# intended: a bigger model\nc007   # from this run\n\nc999\n')
+    p = cli('history', *[r.source for r in runs], '--fail-on-regression', '10', '--accept-file', 'accepted.txt', cwd=tmp_path)
+    assert p.returncode == 0 and '--accept-file names 1 run this history does not hold (c999)' in ' '.join(p.stdout.split()), p.stdout + p.stderr
+    bad = cli('history', *[r.source for r in runs], '--fail-on-regression', '10', '--accept', 'c999', cwd=tmp_path)
+    assert bad.returncode == 2 and bad.stderr.count('\n') == 1 and 'c999' in bad.stderr, bad.stderr
+
+def test_the_loader_bound_series_names_the_draw_and_keeps_failing(tmp_path):
+    "The draw 9.5 -> 12.7 ms of an 11 -> 14.3 ms iteration from the 7th run, every other step flat: the change names the draw (before: 'no part alone'), flat steps are not said to move, and the gate fails at every run from the 7th"
+    runs = synthetic([{'draw': 12.7/9.5} if i >= 6 else {} for i in range(10)], LOADER)
+    h = history(runs)
+    assert [c.at for c in h.changes] == [6] and h.changes[0].step == 'draw', [(c.at, c.step) for c in h.changes]
+    t = h.changes[0].table
+    assert t.loc['draw', 'Moved'] == pytest.approx(3.2e-3, rel=0.15) and t.loc['iteration', 'Moved'] == pytest.approx(3.3e-3, rel=0.15)
+    moved = [s for s in t.index if t.loc[s, 'Significant'] and s not in ('iteration', 'draw')]
+    assert not moved, t[['Change %', 'Moved', 'Significant']]                  # forward did not move: not printed as moving
+    assert 'forward' not in change_text(h, h.changes[0]).partition('the step that moved')[2]
+    assert gate_exits(saved_series(tmp_path, runs), range(7, 11)) == [1, 1, 1, 1]
+
+def test_a_hundred_runs_regression_at_51_and_a_slowdown_after_an_improvement():
+    "100 runs, forward 30% slower (the iteration +23%) from run 51: a regression at every run from 51 (in-process, a sample of them), none once run 51 is accepted; 10 runs, 10 runs 20% faster, 10 runs back: a regression against the improved level"
+    runs = synthetic([{'forward': 1.3} if i >= 50 else {} for i in range(100)], seed=1, batches=100)
+    for k in (51, 52, 53, 60, 80, 100):
+        h = history(runs[:k])
+        assert gate(h, 10).kind == 'regression', (k, verdict_text(h, gate(h, 10)))
+        assert gate(h, 10, accepted=accepted_runs(h, ['c051'])[0]).kind == 'no regression', k
+    assert gate(history(runs[:50]), 10).kind == 'no regression'
+    back = synthetic([{} if i < 10 else {'forward': 0.75} if i < 20 else {} for i in range(30)], seed=2)
+    h = history(back)
+    v = gate(h, 10)
+    assert v.kind == 'regression' and v.reference == (10, 19), (v, [(c.at, c.step) for c in h.changes])
+
+def test_few_runs_are_judged_and_two_runs_agree_with_compare(tmp_path):
+    "A 3-run history whose latest run is 2x slower fails the gate (it passed, 'not checked', before); 2 identical runs pass; one run is too few to judge (exit 3); two runs get the same direction and significance from the history's gate and from `compare`"
+    slow = saved_series(tmp_path/'slow', synthetic([{}, {}, {s: 2. for s in MS}]))
+    p = cli('history', *[r.source for r in slow], '--fail-on-regression', '10', cwd=tmp_path/'slow')
+    assert p.returncode == 1 and 'gate: regression' in p.stdout, p.stdout + p.stderr
+    two = saved_series(tmp_path/'two', synthetic([{}, {}]))
+    assert cli('history', *[r.source for r in two], '--fail-on-regression', '10', cwd=tmp_path/'two').returncode == 0
+    one = cli('history', two[0].source, '--fail-on-regression', '10', cwd=tmp_path/'two')
+    assert one.returncode == 3 and 'gate: not enough runs' in one.stdout, one.stdout + one.stderr
+    for pair in (synthetic([{}, {}], seed=3), synthetic([{}, {'forward': 1.05}], seed=4), synthetic([{}, {'forward': 0.9}], seed=5)):
+        c = compare_profiles(*pair).set_index(['Phase', 'Step']).loc[('train', 'iteration')]
+        v = gate(history(pair), 0.)
+        assert np.sign(v.change['Change %']) == np.sign(c['Change %']) and v.change['Change %'] == pytest.approx(c['Change %'])
+        assert (v.change['p-value'] < 0.01) == (c['p-value'] < 0.01) and v.change['p-value'] == pytest.approx(c['p-value'])
 
 @pytest.mark.parametrize('damage', ['not_json', 'foreign', 'missing_results', 'nested', 'empty_folder', 'missing_file'])
 def test_a_damaged_file_in_a_history_is_one_line(tmp_path, damage):
@@ -97,12 +173,14 @@ def test_the_summaries_render_and_validate(tmp_path):
     html = markdown.markdown(run_markdown(run, cmp), extensions=['tables'])
     assert html.count('<table>') == 1 and html.count('<tr>') == len(s['run']['steps']) + 1, html
     assert f"{s['run']['samples_per_s']:,.0f} samples/s" in html and 'Against the baseline' in html
-    gate = dict(step='train/iteration', threshold_pct=5., failed=regressed(h, 5))
-    hs = history_summary(h, gate)
+    v = gate(h, 5, 'train/forward')
+    hs = history_summary(h, v)
     jsonschema.validate(hs, schema)
-    assert hs['changes'][0]['run'] == 7 and hs['changes'][0]['step'] == 'forward' and hs['gate'] == gate
-    html = markdown.markdown(history_markdown(h, gate), extensions=['tables'])
-    assert '<table>' in html and re.search(r'<td[^>]*>▶ 7</td>', html) and 'forward +' in html and 'Gate passed' in html, html
+    assert hs['changes'][0]['run'] == 7 and hs['changes'][0]['step'] == 'forward'
+    assert hs['gate']['verdict'] == 'regression' and hs['gate']['failed'] and hs['gate']['reference'] == dict(first=1, last=6, runs=6)
+    assert hs['latest']['verdict'] in ('regression', 'no regression') and hs['latest']['step'] == 'train/iteration'
+    html = markdown.markdown(history_markdown(h, v), extensions=['tables'])
+    assert '<table>' in html and re.search(r'<td[^>]*>▶ 7</td>', html) and 'forward +' in html and 'Gate: regression' in html, html
     for bmf in (run_bmf(run), history_bmf(h)):
         jsonschema.validate(bmf, BMF)
         assert {'train/iteration', 'train/forward', 'train'} <= set(bmf) and bmf['train']['throughput']['value'] > 0
@@ -136,7 +214,7 @@ def test_runs_are_labelled_from_the_profile_and_from_the_environment(tmp_path, m
 def test_the_guide_ships_and_names_every_command():
     p = cli('guide')
     assert p.returncode == 0 and p.stdout.startswith('# fastxtend_prof for automated readers')
-    for cmd in ('compare', 'report', 'history', 'guide', 'Exit codes', 'fastxtend_prof.summary/1', 'latency', LABEL_ENV): assert cmd in p.stdout, cmd
+    for cmd in ('compare', 'report', 'history', 'guide', 'Exit codes', 'fastxtend_prof.summary/2', 'latency', LABEL_ENV, '--accept'): assert cmd in p.stdout, cmd
 
 # --------------------------------------------------------------------------------------------- real profiled fits
 class Sleepy(nn.Module):
