@@ -180,7 +180,7 @@ def main():
         rs = [r for r in ab if r['step'] == s]
         if not rs: continue
         moved = [t[n]['Change %'] for r in rs for c, t in zip(r['changes'], r['tables']) if r['found'] for n in NAMED.get(s, (s,))[-1:] if c[1] in NAMED.get(s, (s,))]
-        print(f'  {s}: {rate(sum(r["found"] for r in rs), len(rs))}' + (f'; measured {np.median(moved):+.1f}% (median of its own time\'s change, on the same machine)' if moved else ''))
+        print(f'  {s}: {rate(sum(r["found"] for r in rs), len(rs))}' + (f'; measured {np.median(moved):+.1f}% (median of its own time\'s change)' if moved else ''))
     for m in a.min_shift[1:]:
         k = str(m)
         print(f'With --min-shift {m:g}: A/A false alarms {rate(sum(r["by_min_shift"][k]["alarm"] for r in aa), len(aa))}; '

@@ -1276,6 +1276,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'fastxtend_prof.stages.work_line': ('stages.html#work_line', 'fastxtend_prof/stages.py'),
                                        'fastxtend_prof.stages.work_share': ('stages.html#work_share', 'fastxtend_prof/stages.py')},
             'fastxtend_prof.stats': { 'fastxtend_prof.stats.Estimate': ('stats.html#estimate', 'fastxtend_prof/stats.py'),
+                                      'fastxtend_prof.stats._split_z': ('stats.html#_split_z', 'fastxtend_prof/stats.py'),
                                       'fastxtend_prof.stats._tau2': ('stats.html#_tau2', 'fastxtend_prof/stats.py'),
                                       'fastxtend_prof.stats._welch_df': ('stats.html#_welch_df', 'fastxtend_prof/stats.py'),
                                       'fastxtend_prof.stats.adjusted_p': ('stats.html#adjusted_p', 'fastxtend_prof/stats.py'),

@@ -58,7 +58,7 @@ def stage_changes(base:SavedProfile, new:SavedProfile) -> pd.DataFrame|None:
     B, N = side(b, 'Base'), side(n, 'New')
     idx = B.index.append(N.index.difference(B.index, sort=False))  # the base's order, then what only the new run has
     out = B.reindex(idx).join(N.reindex(idx)).reset_index()
-    out['Change %'] = 100*(out['New Median']/out['Base Median'] - 1)
+    out[CHANGE] = 100*(out['New Median']/out['Base Median'] - 1)
     return out
 
 def stage_changes_text(st:pd.DataFrame, width:int|None=None) -> str:
@@ -67,7 +67,7 @@ def stage_changes_text(st:pd.DataFrame, width:int|None=None) -> str:
     t = pd.DataFrame({Cols.PHASE: st.Phase.where(st.Phase != st.Phase.shift(), ''), Cols.STEP: st.Stage, 'Per': st.Per,
                       'Base': st['Base Median'].map(dur), 'Base where': st['Base Where'].fillna(''),
                       'New': st['New Median'].map(dur), 'New where': st['New Where'].fillna(''),
-                      'Change': st['Change %'].map(lambda v: '' if v != v else f'{v:+.1f}%')})
+                      'Change': st[CHANGE].map(lambda v: '' if v != v else f'{v:+.1f}%')})
     title = fill_text('Loader stages, medians (untested: a profile keeps each stage\'s summary, not its every call):', width or text_width())
     return title + '\n' + text_table(t, list(t.columns), {Cols.STEP: 'Stage'})
 
@@ -143,7 +143,7 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
     out = pd.DataFrame(rows)
     out['Of Iteration %'] = _of_iteration(out)
     out['Significant'] = out.Significant & ~(out['Of Iteration %'].abs() < min_share)   # NaN (no iteration row): not held back
-    out['Result'] = np.where(out.Significant, np.where(out['Change %'] > 0, 'slower', 'faster'), 'no significant change')
+    out['Result'] = np.where(out.Significant, np.where(out[CHANGE] > 0, 'slower', 'faster'), 'no significant change')
     out = out.reindex(columns=[*COMPARE_COLS, *(f'{w} {c}' for c in compared_columns() for w in ('Base', 'New'))]).astype({'Significant': bool})
     out.attrs.update(warnings=comparability(b, n), alpha=alpha, min_change=min_change, min_share=min_share, confidence=confidence,
                      base=b.source, new=n.source)
@@ -164,7 +164,7 @@ def comparison_verdict(cmp:pd.DataFrame) -> str:
     t = cmp[cmp.Phase == Phase.TRAIN].set_index(Cols.STEP)
     if Step.ITERATION not in t.index: return 'no train iteration in common to compare'
     it, level = t.loc[Step.ITERATION], cmp.attrs.get('confidence', CONFIDENCE)
-    ch, lo, hi = it['Change %'], it['CI Low %'], it['CI High %']
+    ch, lo, hi = it[CHANGE], it[CI_LOW], it[CI_HIGH]
     rate = (f"{throughput(it['New Samples/s']/it['Base Samples/s'])} the samples/s ({it['Base Samples/s']:,.0f} → {it['New Samples/s']:,.0f})"
             if it['Base Samples/s'] > 0 and it['New Samples/s'] > 0 else f"{throughput(100/(100 + ch))} the batches/s" if ch > -100 else '')
     for c, fmt in compared_columns().items():
@@ -177,12 +177,12 @@ def comparison_verdict(cmp:pd.DataFrame) -> str:
     for s in VERDICT_STEPS:
         if s not in t.index: continue
         r = t.loc[s]
-        if r['Significant']: parts.append(f"{s} {_pct(r['Change %'])} (significant)")
-        elif abs(r['Change %']) < cmp.attrs.get('min_change', MIN_CHANGE): parts.append(f'{s} unchanged')
-        elif _clear(r['p-value'], r['CI Low %'], r['CI High %'], alpha):   # real, but held back by min_share
+        if r['Significant']: parts.append(f"{s} {_pct(r[CHANGE])} (significant)")
+        elif abs(r[CHANGE]) < cmp.attrs.get('min_change', MIN_CHANGE): parts.append(f'{s} unchanged')
+        elif _clear(r[P_VALUE], r[CI_LOW], r[CI_HIGH], alpha):   # real, but held back by min_share
             moved = r['New Mean'] - r['Base Mean']
-            parts.append(f"{s} {_pct(r['Change %'])} ({'+' if moved > 0 else '−'}{format_duration(abs(moved))}, under {min_share:g}% of the iteration)")
-        else: parts.append(f"{s} {_pct(r['Change %'])} (not significant)")
+            parts.append(f"{s} {_pct(r[CHANGE])} ({'+' if moved > 0 else '−'}{format_duration(abs(moved))}, under {min_share:g}% of the iteration)")
+        else: parts.append(f"{s} {_pct(r[CHANGE])} (not significant)")
     return head + ('; ' + ', '.join(parts) if parts else '')
 
 def slower_than(cmp:pd.DataFrame, pct:float, step:str='train/iteration') -> bool:
@@ -190,7 +190,7 @@ def slower_than(cmp:pd.DataFrame, pct:float, step:str='train/iteration') -> bool
     phase, _, name = step.partition('/')
     r = cmp[(cmp.Phase == phase) & (cmp.Step == name)]
     if r.empty: raise ValueError(f'`step` {step!r} is not in the comparison; it has {sorted(set(cmp.Phase + "/" + cmp.Step))}')
-    return bool(r['Significant'].iloc[0] and r['Change %'].iloc[0] > pct)
+    return bool(r['Significant'].iloc[0] and r[CHANGE].iloc[0] > pct)
 
 # %% ../nbs/08_compare.ipynb #1ccb04a2
 BASELINE_RATIO = 1.5  # a step this many times the baseline's time per batch, significantly, gets advice
@@ -210,7 +210,7 @@ BASELINE_HINTS = {
 def baseline_advice(cmp:pd.DataFrame) -> list:
     "`Advice` for each step of `cmp` (`compare_profiles`) significantly slower than the baseline by `BASELINE_RATIO` or more, with what likely changed"
     out = []
-    slow = cmp[cmp.Significant & (cmp['Change %'] > 0) & cmp.Step.isin(list(BASELINE_HINTS))]
+    slow = cmp[cmp.Significant & (cmp[CHANGE] > 0) & cmp.Step.isin(list(BASELINE_HINTS))]
     split = set(slow.Phase[slow.Step.isin(DRAW_STEPS)])
     slow = slow[~((slow.Step == Step.DRAW) & slow.Phase.isin(split))]  # a part of the draw says more than the draw
     for r in slow.itertuples(index=False):
@@ -252,9 +252,9 @@ def format_comparison(cmp:pd.DataFrame) -> pd.DataFrame:
     speed = [f'{b:,.0f} → {n:,.0f}' if b == b and n == n else '' for b, n in zip(cmp['Base Samples/s'], cmp['New Samples/s'])]
     return pd.DataFrame({Cols.PHASE: cmp.Phase.where(cmp.Phase != cmp.Phase.shift(), ''), Cols.STEP: cmp.Step,
                          'Base': f('Base Mean', format_duration), 'New': f('New Mean', format_duration),
-                         'Change': f('Change %', lambda v: f'{v:+.1f}%'),
-                         'CI': [f'{lo:+.1f}% to {hi:+.1f}%' if lo == lo else '' for lo, hi in zip(cmp['CI Low %'], cmp['CI High %'])],
-                         'p': f('p-value', lambda v: f'{v:.2g}'), 'Result': cmp.Result, 'Samples/s': speed})
+                         'Change': f(CHANGE, lambda v: f'{v:+.1f}%'),
+                         'CI': [f'{lo:+.1f}% to {hi:+.1f}%' if lo == lo else '' for lo, hi in zip(cmp[CI_LOW], cmp[CI_HIGH])],
+                         'p': f(P_VALUE, lambda v: f'{v:.2g}'), 'Result': cmp.Result, 'Samples/s': speed})
 
 def comparison_text(cmp:pd.DataFrame, width:int|None=None) -> str:
     "The verdict, any warnings, and the table of `cmp` (`compare_profiles`) in `width` columns"

@@ -103,7 +103,7 @@ class Change:
     "A change point of a history: the first run at the new level, the test's p-value, each step's change there, and the step that moved"
     at:int # Index of the first run after the change
     p:float # The test's p-value: its most significant step's, adjusted for every step tested
-    table:pd.DataFrame # Per step: its own time's `Change %` with `CI Low %`, `CI High %` and `p-value`, `Significant`, seconds a batch `Before` and how many it `Moved` (with `Moved Low`, `Moved High`), the test's adjusted `Detection p`
+    table:pd.DataFrame # Per step: its own time's `Change %` with `CI Low %`, `CI High %` and `p-value`, seconds a batch `Before` and how many it `Moved` (with `Moved Low`, `Moved High`); the test's `Against Rest %` (a part's), adjusted `Detection p` and `Detected`; `Significant`: detected, and moved that way in its own time
     step:str # The step that moved: the part whose own change accounts for the iteration's ('iteration' where none does)
 
 def own_changes(s:Series, lo:int, at:int, hi:int, alpha:float=ALPHA, confidence:float=0.95) -> pd.DataFrame:
@@ -118,15 +118,22 @@ def own_changes(s:Series, lo:int, at:int, hi:int, alpha:float=ALPHA, confidence:
                          'Before': before, 'Moved': before*np.expm1(d), 'Moved Low': before*np.expm1(d - q*e), 'Moved High': before*np.expm1(d + q*e)},
                         index=pd.Index(s.steps, name='Step'))
 
-def _moved(table:pd.DataFrame) -> str:
-    "The part of the batch (the draw's parts where timed, else the draw; the draw where only it did) whose own time changed significantly by the most a batch, in the iteration's direction first; 'iteration' where none did"
+def _moved(table:pd.DataFrame, trigger:str) -> str:
+    """The part of the batch that moved (the draw's parts where timed, else the draw; the draw where only it did): of the
+    parts the test found changed against the rest of the iteration (`Detected`), the one whose own time moved the most a
+    batch in that direction, the iteration's first; where none moved that way in its own time (the machine moved the
+    other way), the one that changed most against the rest; where the test found no part, the step that made the change
+    point (`trigger`)"""
     draw_split = any(str(s) in table.index for s in DRAW_STEPS)
     way = np.sign(table.loc[str(Step.ITERATION), 'Moved'])
     for cand in (_leaves(list(table.index)), [str(Step.DRAW)] if draw_split and str(Step.DRAW) in table.index else []):
         t = table.loc[cand]
-        t = t[t.Significant]
-        if len(t): return str(max(t.index, key=lambda st: (np.sign(t.Moved[st]) == way, abs(t.Moved[st]))))
-    return str(Step.ITERATION)
+        t = t[t.Detected]
+        if not len(t): continue
+        same = t[np.sign(t.Moved) == np.sign(t['Against Rest %'])]
+        if len(same): return str(max(same.index, key=lambda st: (np.sign(same.Moved[st]) == way, abs(same.Moved[st]))))
+        return str((t['Against Rest %'].abs()*t.Before).idxmax())
+    return trigger
 
 def change_points(s:Series, alpha:float=ALPHA, draws:int=DRAWS, confidence:float=0.95, min_shift:float=MIN_SHIFT, min_share:float=MIN_SHARE) -> list:
     "The `Change`s of `s`, by binary segmentation (`stats.segment`): in each stretch of runs, the split of the most significant step (`stats.scan` on the iteration and each part against the rest, calibrated by `stats.null_max`, adjusted by `stats.adjusted_p`; under `alpha`, moved `min_shift`% or more and by `min_share`% of the iteration), then each side"
@@ -151,9 +158,10 @@ def change_points(s:Series, alpha:float=ALPHA, draws:int=DRAWS, confidence:float
         table['Detection p'] = ps
         # a step moved where the test says so at this split, and its own time moved that way, by enough of itself (a part
         # against a rest that moved, in its own time still, did not) and of the batch
-        table['Significant'] = ((ps < alpha) & enough(rest) & (np.sign(moved) == np.sign(rest))
+        table['Detected'] = (ps < alpha) & np.where(part, enough(rest), enough(np.log1p(own/100)))
+        table['Significant'] = (table.Detected & (np.where(part, np.sign(moved) == np.sign(rest), True))
                                 & ((np.abs(own) >= min_shift) | (table[P_VALUE].to_numpy() < alpha)) & (100*np.abs(moved)/table.Before.iloc[0] >= min_share))
-        return at, Change(at, float(ps[first]), table, _moved(table))
+        return at, Change(at, float(ps[first]), table, _moved(table, s.steps[first]))
     return segment(0, len(s.runs), find)
 
 # %% ../nbs/37_history.ipynb #e6873f0b
@@ -182,10 +190,9 @@ def _latest_vs(s:Series, j:int, ref:list, i:int, confidence:float, tested:bool=F
         return {CHANGE: 100*math.expm1(d), CI_LOW: 100*math.expm1(d - q*e), CI_HIGH: 100*math.expm1(d + q*e), P_VALUE: float(2*t.sf(abs(d)/e)),
                 'p slower': float(t.sf(d/e))}
     w = 1/vr
-    mu = float((w*xr).sum()/w.sum())
-    ax, av = math.exp(mu), math.exp(mu)*math.sqrt(1/w.sum())
-    df = float(sum(s.df[r, j] for r in ref)) if s.df is not None else math.inf
-    return compare(Estimate(ax, av, 0, df), Estimate(math.exp(x[j, i]), math.exp(x[j, i])*math.sqrt(v[j, i]), 0, float(s.df[i, j]) if s.df is not None else math.inf), confidence)
+    mu, df = float((w*xr).sum()/w.sum()), (lambda r: float(s.df[r, j]) if s.df is not None else math.inf)
+    pooled = Estimate(math.exp(mu), math.exp(mu)*math.sqrt(1/w.sum()), 0, sum(df(r) for r in ref))
+    return compare(pooled, Estimate(math.exp(x[j, i]), math.exp(x[j, i])*math.sqrt(v[j, i]), 0, df(i)), confidence)  # the log scale's means and errors, as `compare` reads them
 
 def _slower(s:Series, j:int, ref:list, i:int, confidence:float, alpha:float, pct:float) -> tuple:
     "`(slower, change)`: whether run `i`'s step `j` is a real slowdown of more than `pct`% against the runs `ref` (tested as the change points test it; told, and held to `pct`, in its own time), and its own change with the test's p-values"
@@ -212,7 +219,9 @@ def gate(h, pct:float=0., step:str='train/iteration', accepted=(), confidence:fl
     for k, c in enumerate(bounds):  # the levels after the reference's, in order: an improvement is the new reference, a slowdown ends the walk
         seg = list(range(c.at, bounds[k + 1].at if k + 1 < len(bounds) else latest))
         r = c.table.loc[name]
-        if r.Significant and r.Moved < 0: ref, _ = seg, why.append(f'faster from run {c.at + 1}: the improved level')
+        if r.Significant and r.Moved < 0:
+            ref = seg
+            why.append(f'faster from run {c.at + 1}: the improved level')
         elif r.Significant and r.Moved > 0:
             slowed = (seg, float(r[CHANGE]))
             why.append(f'slower from run {c.at + 1}, a change point: judged against the level before it')

@@ -48,7 +48,7 @@ def run_summary(run:SavedProfile, cmp:pd.DataFrame|None=None) -> dict:
     if cmp is not None:
         rows = cmp[cmp.Phase == str(Phase.TRAIN)]
         out['comparison'] = dict(base=cmp.attrs.get('base'), verdict=cmp.attrs.get('verdict'), steps=[
-            dict(step=r.Step, change_pct=r['Change %'], ci_low_pct=r['CI Low %'], ci_high_pct=r['CI High %'], p_value=r['p-value'],
+            dict(step=r.Step, change_pct=r[CHANGE], ci_low_pct=r[CI_LOW], ci_high_pct=r[CI_HIGH], p_value=r[P_VALUE],
                  significant=bool(r.Significant)) for _, r in rows.iterrows()])
     return _jsonable(out)
 

@@ -34,7 +34,7 @@ from .rules import REMEDIES, torch_optimizer, _loader_settings
 from .events import train_device
 from .plots import new_axes, save_figure
 from .gains import amdahl, interval
-from .stats import estimate
+from .stats import CHANGE, CHANGE_COLS, CI_HIGH, CI_LOW, P_VALUE, estimate
 from .advice import fill_text
 from .stages import thread_times, work_share, WAITING, HANDOFF, cores, keep_up
 from .cache import BUDGET, ItemCache, cache_loaders, probe_cache, rng_states, set_rng_states
@@ -509,7 +509,7 @@ def _per_start_batch(prof, bs0:int):
 # %% ../nbs/17_tune.ipynb #c86e40b3
 _KEY = (str(Phase.TRAIN), str(Step.ITERATION))
 TRIAL_COLS = ('Trial', 'Change', 'Kind', 'Changes', 'Target', 'Predicted', 'Median', 'Mean', 'Samples/s', 'Samples/s Low', 'Samples/s High',
-              'Predicted %', 'Change %', 'CI Low %', 'CI High %', 'p-value', 'Error %', 'Accepted', 'Batches', 'Seconds', 'Note')
+              'Predicted %', *CHANGE_COLS, 'Error %', 'Accepted', 'Batches', 'Seconds', 'Note')
 
 def _measured(prof=None, block:int=1, confidence:float=CONFIDENCE) -> dict:
     "A trial's train iteration (all NaN without `prof`): median, mean, steady batches, samples/s with the interval of the mean over blocks of `block` batches"
@@ -571,8 +571,8 @@ class SpeedResult:
         pct = lambda v: '' if v != v else f'{v:+.0f}%'
         df = pd.DataFrame({'#': t.Trial.astype(str), 'Change': t.Change, 'Predicted': [f'{fmt(p)} ({pct(q)})' if p == p else '' for p, q in zip(t.Predicted, t['Predicted %'])],
                            'Median': t.Median.map(fmt), 'Samples/s': [f'{s:,.0f} ({lo:,.0f}-{hi:,.0f})' if lo == lo else (f'{s:,.0f}' if s == s else '') for s, lo, hi in zip(t['Samples/s'], t['Samples/s Low'], t['Samples/s High'])],
-                           'vs start': [f'{c:+.0f}% ({lo:+.0f} to {hi:+.0f})' if lo == lo else pct(c) for c, lo, hi in zip(t['Change %'], t['CI Low %'], t['CI High %'])],
-                           'p': t['p-value'].map(lambda v: '' if v != v else f'{v:.2g}'),
+                           'vs start': [f'{c:+.0f}% ({lo:+.0f} to {hi:+.0f})' if lo == lo else pct(c) for c, lo, hi in zip(t[CHANGE], t[CI_LOW], t[CI_HIGH])],
+                           'p': t[P_VALUE].map(lambda v: '' if v != v else f'{v:.2g}'),
                            'Kept': ['' if i == 0 else 'yes' if a else 'no' for i, a in zip(t.Trial, t.Accepted)], 'Note': t.Note})
         width = width or text_width()
         fill = lambda s: fill_text(s, width)
@@ -703,9 +703,9 @@ def _judge(f, prof, start, best, bs0:int, batches:int, alpha:float, min_change:f
                                                          block=_block(batches, x, y)))
     vs_start = judge(start, prof)
     vs_best = vs_start if best is start else judge(best, prof)
-    ok = bool(vs_best.get('Significant')) and vs_best.get('Change %', 0) < 0
+    ok = bool(vs_best.get('Significant')) and vs_best.get(CHANGE, 0) < 0
     mp = _measured(_per_start_batch(prof, bs0), _block(batches, prof))
-    note = ('kept' if ok else f"{vs_best.get('Change %', math.nan):+.0f}% against the best so far: not significantly faster"
+    note = ('kept' if ok else f"{vs_best.get(CHANGE, math.nan):+.0f}% against the best so far: not significantly faster"
             if best is not start else 'not significantly faster')
     if mp['Batches'] < batches: note += f" (cut short by the budget: {mp['Batches']} batches)"
     return ok, _row(0, f, mp, vs_start, ok, note, 0.)
@@ -714,7 +714,7 @@ def _row(i, f, m:dict, vs_start:dict, accepted, note, seconds, best_median=math.
     row = dict(Trial=i, Change='start' if f is None else f.name, Kind='' if f is None else f.kind, Changes='' if f is None else STRATEGIES[f.kind].changes,
                Target='' if f is None else str(f.target), Predicted=math.nan if f is None else f.predicted,
                **{'Predicted %': math.nan if f is None else 100*(f.predicted/best_median - 1)}, **m,
-               **{k: vs_start.get(k, math.nan) for k in ('Change %', 'CI Low %', 'CI High %', 'p-value')},
+               **{k: vs_start.get(k, math.nan) for k in CHANGE_COLS},
                Accepted=accepted, Seconds=seconds, Note=note)
     row['Error %'] = 100*(m['Median']/f.predicted - 1) if f is not None and m.get('Median') == m.get('Median') else math.nan
     return row
@@ -727,9 +727,9 @@ def _verdict(rows, fixes, times) -> str:
         return (('no change: nothing tried made the train iteration significantly faster' if tried else 'no change: nothing to try')
                 + (f' ({failed} trial{"s" if failed > 1 else ""} failed: see the notes)' if failed else '') + (f'; {why}' if why else '') + '.')
     s, b = rows[0], next(r for r in reversed(rows) if r['Accepted'])
-    ci = f", {CONFIDENCE:.0%} CI {b['CI Low %']:+.0f}% to {b['CI High %']:+.0f}%" if b['CI Low %'] == b['CI Low %'] else ''
+    ci = f", {CONFIDENCE:.0%} CI {b[CI_LOW]:+.0f}% to {b[CI_HIGH]:+.0f}%" if b[CI_LOW] == b[CI_LOW] else ''
     return (f"faster with {', '.join(f.name for f in fixes)}: train iteration {format_duration(s['Median'])} → {format_duration(b['Median'])} "
-            f"a batch (mean {b['Change %']:+.0f}%{ci}), {s['Samples/s']:,.0f} → {b['Samples/s']:,.0f} samples/s. "
+            f"a batch (mean {b[CHANGE]:+.0f}%{ci}), {s['Samples/s']:,.0f} → {b['Samples/s']:,.0f} samples/s. "
             'Keep it with `result.apply(learn)` or `learn.speed_find(apply=True)`.')
 
 # %% ../nbs/17_tune.ipynb #e50cbaf3
@@ -793,7 +793,7 @@ def speed_find(self:Learner,
                     continue
                 ok, row = _judge(f, prof, start, best, bs0, batches, alpha, min_change)
                 rows.append({**row, 'Trial': len(rows), 'Seconds': time.monotonic() - t1, 'Predicted %': 100*(f.predicted/best_median - 1)})
-                say(f"speed_find: {f.name}: {format_duration(row['Median'])} a batch ({row['Change %']:+.0f}% against the start), {'kept' if ok else 'not kept'}")
+                say(f"speed_find: {f.name}: {format_duration(row['Median'])} a batch ({row[CHANGE]:+.0f}% against the start), {'kept' if ok else 'not kept'}")
                 if ok:
                     undos.append(undo); fixes = [g for g in fixes if g.kind != f.kind] + [f]; best = prof  # more workers after fewer: the last count is the fix
                     if f.kind in ('cache_items', 'resize_on_batch') and 'loader_share' in ctx0:  # another loader now: what it computes, its time a batch, what is left to cache
