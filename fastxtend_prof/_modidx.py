@@ -494,8 +494,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'fastxtend_prof.history.History': ('history.html#history', 'fastxtend_prof/history.py'),
                                         'fastxtend_prof.history.History.runs': ('history.html#history.runs', 'fastxtend_prof/history.py'),
                                         'fastxtend_prof.history.Series': ('history.html#series', 'fastxtend_prof/history.py'),
-                                        'fastxtend_prof.history.Series.estimate': ( 'history.html#series.estimate',
-                                                                                    'fastxtend_prof/history.py'),
                                         'fastxtend_prof.history.Series.own': ('history.html#series.own', 'fastxtend_prof/history.py'),
                                         'fastxtend_prof.history.Series.tested': ('history.html#series.tested', 'fastxtend_prof/history.py'),
                                         'fastxtend_prof.history.Verdict': ('history.html#verdict', 'fastxtend_prof/history.py'),

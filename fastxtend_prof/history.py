@@ -19,7 +19,7 @@ from .recorder import DRAW_STEPS, Cols, Phase, Step, TRAIN_PARTS
 from .report import format_duration, text_table, text_width
 from .saved import SavedProfile, as_profile, load_profiles
 from .stats import (BLOCK, CHANGE, CI_HIGH, CI_LOW, P_VALUE, Estimate, adjusted_p, compare, estimate, level, null_max,  # noqa: F401  (BLOCK: read from here too)
-    scan as _scan, segment, weights)
+    scan as _scan, segment)
 from .advice import fill_text
 from .defaults import ALPHA
 from .compare import COMPARED_SETTINGS
@@ -67,11 +67,6 @@ class Series:
     def own(self) -> tuple:
         "`(x, v)`, steps × runs: the log of each step's own time a batch and its variance"
         return np.log(self.mean).T, ((self.se/self.mean)**2).T
-
-    def estimate(self, i:int, step:str) -> Estimate:
-        "Run `i`'s `step` as a `stats.Estimate`"
-        j = self.steps.index(step)
-        return Estimate(float(self.mean[i, j]), float(self.se[i, j]), 0, float(self.df[i, j]) if self.df is not None else math.inf)
 
 def _leaves(steps) -> list:
     "The parts of the batch among `steps`: the draw's parts where the loop timed them (else the draw), and the batch's steps and `other`"
