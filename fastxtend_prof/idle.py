@@ -17,7 +17,7 @@ from .report import format_duration
 from .advice import Advice
 from .events import train_device
 from .features import Feature, register_feature
-from .gains import block_means
+from .stats import estimate
 
 # %% ../nbs/40_idle.ipynb #593c9b5d
 SYNC_MESSAGE = 'called a synchronizing CUDA operation'  # what torch warns at each synchronisation in `set_sync_debug_mode('warn')`
@@ -105,10 +105,9 @@ IDLE_COLS = ('GPU Idle',)
 CAUSE_COLS = ['Cause', 'Where', 'Idle', 'Gain Low', 'Gain High', 'Share', 'Per Batch']
 
 def _estimate(x, steady) -> tuple:
-    "`(mean, se)` of per-batch values `x` over the `steady` batches, the standard error from means of 10 consecutive batches (they are correlated)"
-    x = np.asarray(x, float)[steady]
-    b = block_means(x, size=10)
-    return float(x.mean()), float(b.std(ddof=1)/math.sqrt(len(b))) if len(b) > 1 else math.nan
+    "`(mean, se)` of per-batch values `x` over the `steady` batches, by the model every verdict shares (`stats.estimate`: they are correlated)"
+    e = estimate(np.asarray(x, float)[steady])
+    return e.mean, e.se
 
 @dataclass
 class IdleProfile:
