@@ -8,7 +8,8 @@ import numpy as np, pytest, torch
 from torch import nn
 from PIL import Image
 from fastai.vision.all import (DataBlock, ImageBlock, CategoryBlock, get_image_files, parent_label, RandomSplitter, Resize,
-                               RandomResizedCrop, FlipItem, aug_transforms, Learner, set_seed, Transform, PILImage)
+                               RandomResizedCrop, FlipItem, aug_transforms, Learner, set_seed, Transform, PILImage, TensorImage,
+                               RandTransform, fa_collate)
 from fastai.data.core import DataLoaders
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile, Learner.speed_find)
 from fastxtend_prof.cache import cache_items, cache_loaders, cache_prefix, probe_cache
@@ -75,6 +76,40 @@ def test_without_the_replayed_draws_the_fit_differs(pngs, monkeypatch):
     _, caches, _ = cache_loaders(learn)
     for c in caches.values(): monkeypatch.setattr(c, 'replay', [])
     assert not same(plain, fitted(learn))
+
+class AddNoise(RandTransform):
+    "A random transform after the cached part (it draws in `before_call`) that changes its input in place, as many hand-written ones do (`x.add_`)"
+    order = 10
+    def before_call(self, b, split_idx): super().before_call(b, split_idx); self.k = random.randint(1, 3)
+    def encodes(self, x:TensorImage): return x.add_(self.k)
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_a_transform_that_changes_its_input_in_place_leaves_the_kept_items_alone(pngs, num_workers):
+    """The kept items are handed out as copies: a later transform that adds to its input in place changes the copy, not
+    the kept item, and the next epoch starts from the decoded item again, as without the cache. Handing out the kept
+    item itself, each epoch started from the last one's noise and the weights differed (with 0 workers, where the items
+    are made in the process that holds the cache; fastai's workers each start from the cache as filled)"""
+    tfms = lambda: [Resize(16), AddNoise()]
+    plain = fitted(learner(pngs, num_workers, item_tfms=tfms()), epochs=3)
+    learn = learner(pngs, num_workers, item_tfms=tfms())
+    _, caches, notes = cache_loaders(learn)
+    assert sorted(caches) == [0, 1] and [type(f).__name__ for f in caches[0].rest] == ['AddNoise'] and caches[0].copies, notes
+    kept = {s: x[0].clone() for s, x in caches[0].store.items()}
+    assert same(plain, fitted(learn, epochs=3))
+    assert all(torch.equal(caches[0].store[s][0], x) for s, x in kept.items())
+
+def test_items_go_uncopied_only_straight_to_fastais_collation(pngs):
+    """Nothing after the kept part but fastai's collation, which stacks the items into new memory: handed out as they
+    are (no copy to pay); a `before_batch` transform or a loader's own `create_batch` could change them: copies"""
+    def cache(**kw):
+        learn = Learner(block(item_tfms=[Resize(16)]).dataloaders(pngs, bs=8, num_workers=0, device='cpu', **kw), model())
+        _, c, why = cache_items(learn.dls.train)
+        assert not why, why
+        s = next(iter(c.store))
+        return c.copies, c.get(s) is c.store[s]
+    assert cache() == (False, True)
+    assert cache(before_batch=[lambda b: b]) == (True, False)
+    assert cache(create_batch=lambda b: fa_collate(b)) == (True, False)  # whatever it does, not fastai's own
 
 def test_what_cannot_be_cached_says_why(pngs):
     "A random crop first: nothing past the dataset's own transforms; a transform that draws outside `before_call`: refused; a plain PyTorch dataset: refused"
