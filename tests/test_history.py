@@ -3,7 +3,7 @@ that moved, the gate's exit codes), damaged files in a history (one line, exit 2
 tools (markdown rendered by a markdown library, the JSON summary against its shipped schema, Bencher's format against
 its documented shape), runs labelled from `learn.profile` and from CI's environment variable, and a real series of
 profiled fits whose forward pass sleeps 50% longer from a known run on."""
-import json, os, re, subprocess, sys, time
+import contextlib, io, json, os, re, subprocess, sys, time
 from dataclasses import replace
 from pathlib import Path
 import numpy as np, pytest, torch
@@ -83,8 +83,12 @@ def synthetic(levels:list, ms:dict=MS, machine:float=0.02, seed:int=0, batches:i
     return out
 
 def gate_exits(runs:list, upto, *args) -> list:
-    "The exit status of `history --fail-on-regression 10` on the first k runs, for each k in `upto`"
-    return [cli('history', *[r.source for r in runs[:k]], '--fail-on-regression', '10', *args, cwd=runs[0].metadata['folder']).returncode for k in upto]
+    """The exit status of `history --fail-on-regression 10` on the first k runs, for each k in `upto`: the command's own
+    `main`, in this process (the same parser and code; a process a call, nine a test, took a minute in a loaded run; the
+    commands run as processes in the tests that read their output)"""
+    from fastxtend_prof.cli import main
+    with contextlib.chdir(runs[0].metadata['folder']), contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        return [main(['history', *[r.source for r in runs[:k]], '--fail-on-regression', '10', *args]) for k in upto]
 
 def saved_series(tmp:Path, runs:list) -> list:
     "`runs` saved in `tmp` as `<label>.json`, each run's source its file name there"
