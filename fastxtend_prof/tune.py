@@ -793,7 +793,7 @@ def speed_find(self:Learner,
                     continue
                 ok, row = _judge(f, prof, start, best, bs0, batches, alpha, min_change)
                 rows.append({**row, 'Trial': len(rows), 'Seconds': time.monotonic() - t1, 'Predicted %': 100*(f.predicted/best_median - 1)})
-                say(f"speed_find: {f.name}: {format_duration(row['Median'])} a batch ({row[CHANGE]:+.0f}% against the start), {'kept' if ok else 'not kept'}")
+                say(f"speed_find: {f.name}: {format_duration(row['Mean'])} a batch on average ({row[CHANGE]:+.0f}% against the start's), {'kept' if ok else 'not kept'}")
                 if ok:
                     undos.append(undo); fixes = [g for g in fixes if g.kind != f.kind] + [f]; best = prof  # more workers after fewer: the last count is the fix
                     if f.kind in ('cache_items', 'resize_on_batch') and 'loader_share' in ctx0:  # another loader now: what it computes, its time a batch, what is left to cache
@@ -818,9 +818,9 @@ def _block(batches:int, *profs) -> int:
     "Batches per block for the statistics of `profs`: as many as the most workers among them hand over at once, leaving 10 blocks or more"
     return max(1, min(max(p.metadata.get('num_workers') or 0 for p in profs), batches//10))
 
-def _brief(e:BaseException, width:int=160) -> str:
-    "`e` in one line: its type and message, the message's first and last lines when it has several (a worker's traceback)"
+def _brief(e:BaseException, width:int=1000) -> str:
+    "`e` in one line: its type and message, the message's first and last lines when it has several (a worker's traceback); a reason whole, cut at a word only past `width` characters (a message that prints a whole tensor)"
     lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
     msg = lines[0] if len(lines) < 2 else f'{lines[0]} ... {lines[-1]}'
     out = f'{type(e).__name__}: {msg}' if msg else type(e).__name__
-    return out if len(out) <= width else out[:width - 3] + '...'
+    return out if len(out) <= width else out[:width].rsplit(' ', 1)[0] + ' ...'

@@ -156,6 +156,26 @@ def test_speed_find_caches_a_slow_decoding_and_keeps_it_bit_identical(pngs, tmp_
     assert same(plain, fitted(again))
     assert json.loads(path.read_text())['fixes'][0]['kind'] == 'cache_items'
 
+def test_a_refused_cache_says_why_whole_and_the_progress_line_says_the_mean(pngs, monkeypatch, capsys):
+    """A transform of the cached part that draws outside `before_call`: `speed_find` predicts a saving (the decoding
+    sleeps), tries the cache, and its fill refuses it; the trial's note and the progress line give the reason whole (it
+    was cut mid-word at 160 characters: "its items are n..."), and each trial's progress line says its mean time a batch,
+    the statistic its change against the start is of (it said the median)"""
+    from fastxtend_prof.report import format_duration
+    class Noisy(Transform):
+        order = 3
+        def encodes(self, x:PILImage): random.random(); return x
+    monkeypatch.setitem(DECODE, 's', 15e-3)
+    learn = learner(pngs, get_x=sleepy_open, item_tfms=[Resize(16), Noisy()])
+    res = learn.speed_find(max_time=120, batches=20, show=True)
+    out = ' '.join(capsys.readouterr().out.split())
+    why = 'draws random numbers outside `before_call`: its items are not the same each epoch'
+    row = res.trials.set_index('Kind').loc['cache_items']
+    assert row['Note'].startswith('failed') and row['Note'].endswith(why), res.text()
+    assert f'item cache failed (ValueError: nothing of the loader' in out and why + ')' in out, out
+    for _, r in res.trials[res.trials.Trial > 0].dropna(subset=['Mean']).iterrows():
+        assert f"speed_find: {r['Change']}: {format_duration(r['Mean'])} a batch on average ({r['Change %']:+.0f}% against the start's)" in out, out
+
 def test_a_foreign_file_is_not_a_configuration(tmp_path):
     p = tmp_path/'x.json'
     p.write_text('{"format": "other"}')
