@@ -111,3 +111,29 @@ def test_requires_python_is_stated():
     assert f"Python {py} is required" in section('Tested with')
     assert f"Python {py}" in section('Install', README)
     for pkg in ('fastai', 'torch'): assert f'{pkg} ≥ {floor(pkg)}' in section('Install', README), pkg
+
+def test_what_the_readmes_examples_write_is_ignored_by_git():
+    """Each file the README's commands write in the clone (`--plot demo_profile.png`, `-o page.html`, `--html
+    page.html`, `--save-json`, `--csv`) is one git ignores, so trying the README leaves `git status` clean (`page.html`
+    was not ignored)"""
+    import shutil, subprocess
+    if not shutil.which('git') or not (ROOT/'.git').exists(): pytest.skip('not a git checkout')
+    written = set(re.findall(r'(?:--plot|--html|-o|--save-json|--csv|--trace) ([\w./-]+\.(?:png|html|json|csv))', README))
+    assert {'demo_profile.png', 'page.html'} <= written, written
+    p = subprocess.run(['git', 'check-ignore', '--no-index', *sorted(written)], cwd=ROOT, capture_output=True, text=True)
+    assert set(p.stdout.split()) == written, f'not ignored: {sorted(written - set(p.stdout.split()))}'
+
+def test_the_readmes_commands_parse():
+    """Each command the README shows in a code span (`fastxtend-prof ...`) parses with the command's own parser, and no
+    option that takes a value is shown bare (the README offered "`--save-json` to try `compare`", and the option needs
+    a path: `error: argument --save-json: expected one argument`)"""
+    import shlex
+    from fastxtend_prof.cli import parser
+    spans = [s for s in re.findall(r'`(fastxtend-prof [^`]+)`', README) if '...' not in s and '[' not in s and '$' not in s]
+    assert any('--save-json' in s for s in spans), spans
+    for s in spans:
+        words = shlex.split(s)[1:]
+        if len(words) < 2 or words[0] in ('run', 'guide'): continue  # a command named, not run; `run` hands its arguments to the script
+        a, extra = parser().parse_known_args(words)
+        assert not extra, (s, extra)
+    assert not re.search(r'`--(save-json|html|csv|plot)`', README), re.findall(r'.{60}`--(?:save-json|html|csv|plot)`.{20}', README)
