@@ -26,7 +26,7 @@ from .report import save_results, show_report
 from .saved import LABEL_ENV, check_writable, output_path, save_profile
 from .plots import save_plots
 from .advice import show_advice
-from .features import choose_features
+from .features import FEATURES, choose_features, unknown_options
 from .result import ProfileResult, fit_result
 from .distributed import dist_info
 from .loggers import LoggerHub, check_logger_callback, check_log_every, fix_fastai_wandb
@@ -196,7 +196,9 @@ class SimpleProfilerCallback(_ProfilerPair):
         _check_options(opts, SimpleProfilerCallback.__init__.__annotations__)
         for k, v in opts.items(): setattr(self, k, v)  # `store_attr`'s work, without its look into the caller's frame (every `learn.profile()`)
         if label is None: self.label = os.environ.get(LABEL_ENV) or None  # CI sets it to the commit: every run of the job labelled
-        self.features = choose_features(features, **options)  # checked now: a bad option fails here, not after training
+        bad = [k for k in options if k not in FEATURES]
+        if bad: raise ValueError(unknown_options(bad, opts))  # now, not after training; a misspelt option of the callback's own named too
+        self.features = choose_features(features, **options)
         self.logger_callback = check_logger_callback(logger_callback)  # checks the names and normalises them
 
     def before_fit(self):
