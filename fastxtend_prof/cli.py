@@ -37,8 +37,19 @@ _positive_int = _number(int, 1, 'a positive integer')
 def _non_negative(conv): return _number(conv, 0, 'an integer >= 0' if conv is int else 'a number >= 0')
 
 class _OneLineErrors(argparse.ArgumentParser):
-    "A parser whose bad options cost one line on stderr (and exit 2), without the usage block: the command's and each subcommand's"
+    "A parser whose bad options cost one line on stderr (and exit 2), without the usage block: the command's and each subcommand's; an option is taken only whole (`--epoch` is not `--epochs`)"
+    def __init__(self, *args, **kwargs): super().__init__(*args, **{'allow_abbrev': False, **kwargs})
     def error(self, message): self.exit(2, f'{self.prog}: error: {message}\n')
+
+def _options_of(p:argparse.ArgumentParser) -> list:
+    "The option strings parser `p` takes (`--epochs`, `-o`)"
+    return [s for a in p._actions for s in a.option_strings]
+
+def _unrecognized(words:list, known:list) -> str:
+    "The error for unrecognized `words`: each option among them with the closest of `known`"
+    import difflib
+    hint = lambda w: next((f' (did you mean {m}?)' for m in difflib.get_close_matches(w.split('=')[0], known, n=1)), '') if w.startswith('-') else ''
+    return 'unrecognized arguments: ' + ' '.join(w + hint(w) for w in words)
 
 RUN_HELP = 'profile every fit of a fastai script, unchanged: run SCRIPT [args...] or run -m MODULE [args...]'
 
@@ -291,11 +302,16 @@ def main(argv=None):
 
 def _command(argv:list) -> int:
     "Parse `argv` (all but `run`) and run its command"
-    a, extra = parser().parse_known_args(argv)
+    p = parser()
+    sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
+    at = next((i for i, w in enumerate(argv) if w in sub.choices), len(argv))  # the options before the command are the top parser's
+    wrong = [w for w in argv[:at] if w.startswith('--') and w.split('=')[0] not in _options_of(p)]
+    if wrong: return _error(None, _unrecognized(wrong, _options_of(p)))  # else argparse takes the value after it for the command: "invalid choice: '1'"
+    a, extra = p.parse_known_args(argv)
     if a.command == 'run': return _error(None, 'put `run` first: fastxtend-prof run SCRIPT [args...] or fastxtend-prof run -m MODULE [args...]')
     if a.command == 'report' and extra and not extra[0].startswith('-'):
         return _error('report', f'one profile, then the run to compare it with as --baseline: fastxtend-prof report {a.profile} --baseline {extra[0]}')
-    if extra: return _error(a.command, f"unrecognized arguments: {' '.join(extra)}")  # one line, as for any other bad option
+    if extra: return _error(a.command, _unrecognized(extra, _options_of(sub.choices.get(a.command, p))))  # one line, as for any other bad option
     if a.command == 'compare': return compare_command(a)
     if a.command == 'tune': return tune_command(a)
     if a.command == 'report': return report_command(a)

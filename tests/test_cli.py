@@ -185,3 +185,17 @@ def test_html_without_plotly_is_one_line_before_training(tmp_path):
     assert p.returncode == 2 and len(lines) == 1, p.stderr[-3000:]
     assert lines[0].startswith('fastxtend-prof: error: --html') and "pip install 'fastxtend-prof[html]'" in lines[0], lines
     assert 'Simple Profiler report' not in p.stdout and not (tmp_path/'page.html').exists()
+
+@pytest.mark.parametrize('argv, said', [
+    (['--epochz', '1'], "fastxtend-prof: error: unrecognized arguments: --epochz (did you mean --epochs?)"),  # was "invalid choice: '1'"
+    (['demo', '--epoch', '1'], 'fastxtend-prof demo: error: unrecognized arguments: --epoch (did you mean --epochs?) 1'),  # was --epochs, silently
+    (['compare', 'a.json', 'b.json', '--fail-if-slowr', '3'], 'unrecognized arguments: --fail-if-slowr (did you mean --fail-if-slower?) 3'),
+    (['history', 'x.json', '--formt', 'md'], 'fastxtend-prof history: error: unrecognized arguments: --formt (did you mean --format?) md')])
+def test_a_mistyped_option_is_named_with_the_closest_one(argv, said, capsys):
+    """A typo before the implicit `demo` is named (argparse took its value for the command: "invalid choice: '1'"), an
+    option is taken only whole (`--epoch` ran as `--epochs`), and each unknown option gets the closest known one; one
+    line, exit 2, nothing run (the command's own `main`, in this process)"""
+    from fastxtend_prof.cli import main
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count('\n') == 1 and said in err, err
