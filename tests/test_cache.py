@@ -173,7 +173,7 @@ def test_a_refused_cache_says_why_whole_and_the_progress_line_says_the_mean(pngs
     why = 'draws random numbers outside `before_call`: its items are not the same each epoch'
     row = res.trials.set_index('Kind').loc['cache_items']
     assert row['Note'].startswith('failed') and row['Note'].endswith(why), res.text()
-    assert f'item cache failed (ValueError: nothing of the loader' in out and why + ')' in out, out
+    assert 'item cache failed (ValueError: nothing of the loader' in out and why + ')' in out, out
     for _, r in res.trials[res.trials.Trial > 0].dropna(subset=['Mean']).iterrows():
         assert f"speed_find: {r['Change']}: {format_duration(r['Mean'])} a batch on average ({r['Change %']:+.0f}% against the start's)" in out, out
 
