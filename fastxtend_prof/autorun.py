@@ -156,8 +156,12 @@ class _Hook:
         "Profile the fit of `learn` about to start, as fit number `n+1`"
         import fastxtend_prof.all  # noqa: F401  (`learn.profile`, and the features, as `from fastxtend_prof.all import *` gives them)
         from fastxtend_prof.simpleprofiler import SimpleProfilerCallback
-        learn.profile(**self.options(self.n + 1))
+        kw = self.options(self.n + 1)
+        learn.profile(**kw)
         self.n += 1
+        if not self.report:  # no report to say it: where this fit's files go, on stderr (the script's output stays its own)
+            files = ', '.join(kw[k] for k in ('save_json', 'csv_name', 'plot') if k in kw)
+            print(f'fastxtend-prof: fit {self.n} profiled, its files: {files}', file=sys.stderr, flush=True)
         self.ours.add(next(cb for cb in learn.cbs if isinstance(cb, SimpleProfilerCallback)))
 
     def before_fit(self, learn, cbs):

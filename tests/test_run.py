@@ -190,8 +190,8 @@ def test_module_form(tmp_path):
     assert p.stdout.count(REPORT) == 1
 
 # ------------------------------------------------------------------------------------------- in this process: no trace
-def test_in_process_run_leaves_no_trace(tmp_path):
-    "After `main([...])`: Learner.fit is fastai's again, no import hook stays, sys.argv and sys.path are as before"
+def test_in_process_run_leaves_no_trace(tmp_path, capsys):
+    "After `main([...])`: Learner.fit is fastai's again, no import hook stays, sys.argv and sys.path are as before; with `--no-report`, each fit says where its files went (it printed nothing)"
     from fastai.learner import Learner
     from fastxtend_prof import autorun
     fit, argv, path, meta = Learner.fit, sys.argv[:], sys.path[:], sys.meta_path[:]
@@ -205,6 +205,8 @@ def test_in_process_run_leaves_no_trace(tmp_path):
     ''')
     assert autorun.main(['--no-report', '--out', tmp_path/'out', s]) == 0
     assert sorted(p.name for p in (tmp_path/'out').iterdir())[:2] == ['fit1.csv', 'fit1.json']
+    err = capsys.readouterr().err
+    assert f"fastxtend-prof: fit 1 profiled, its files: {tmp_path/'out'/'fit1.json'}, {tmp_path/'out'/'fit1.csv'}" in err, err
     assert Learner.fit is fit and autorun.installed() is None
     assert (sys.argv, sys.path, sys.meta_path) == (argv, path, meta)
 
