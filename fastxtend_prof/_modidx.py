@@ -169,6 +169,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'fastxtend_prof.cli.compare_command': ('cli.html#compare_command', 'fastxtend_prof/cli.py'),
                                     'fastxtend_prof.cli.demo_command': ('cli.html#demo_command', 'fastxtend_prof/cli.py'),
                                     'fastxtend_prof.cli.demo_device': ('cli.html#demo_device', 'fastxtend_prof/cli.py'),
+                                    'fastxtend_prof.cli.demo_threads': ('cli.html#demo_threads', 'fastxtend_prof/cli.py'),
                                     'fastxtend_prof.cli.guide_command': ('cli.html#guide_command', 'fastxtend_prof/cli.py'),
                                     'fastxtend_prof.cli.history_command': ('cli.html#history_command', 'fastxtend_prof/cli.py'),
                                     'fastxtend_prof.cli.main': ('cli.html#main', 'fastxtend_prof/cli.py'),
