@@ -455,12 +455,13 @@ def datasheet_peak(name:str, # The device's model, as `torch.cuda.get_device_nam
 DTYPES = dict(fp32=torch.float32, tf32=torch.float32, bf16=torch.bfloat16, fp16=torch.float16, fp64=torch.float64)
 
 def compute_dtype(learn, device=None) -> str:
-    "The type `learn`'s matrix multiplications run in: 'bf16'/'fp16' under fastai's `MixedPrecision`, else its parameters' ('tf32' where allowed)"
-    mp = getattr(learn, 'mixed_precision', None)
-    if mp is not None and any(cb is mp for cb in getattr(learn, 'cbs', [])): return str(getattr(getattr(mp, 'amp_mode', None), 'value', 'fp16'))
+    "The type `learn`'s matrix multiplications run in on `device`: 'bf16'/'fp16' under fastai's `MixedPrecision` on a CUDA device (it autocasts for CUDA only), else its parameters' ('tf32' where allowed)"
     p = next((q for q in learn.model.parameters() if q.is_floating_point()), None) if getattr(learn, 'model', None) is not None else None
     dt = p.dtype if p is not None else torch.float32
     device = torch.device(device if device is not None else (p.device if p is not None else 'cpu'))
+    mp = getattr(learn, 'mixed_precision', None)
+    if device.type == 'cuda' and mp is not None and any(cb is mp for cb in getattr(learn, 'cbs', [])):
+        return str(getattr(getattr(mp, 'amp_mode', None), 'value', 'fp16'))
     if dt is torch.float32:
         tf32 = (device.type == 'cuda' and torch.get_float32_matmul_precision() != 'highest'
                 and torch.cuda.is_available() and torch.cuda.get_device_capability(device)[0] >= 8)
