@@ -7,6 +7,16 @@
 QUICK=0
 if [ "${1:-}" = "--quick" ]; then QUICK=1; shift; fi
 EXTRAS=dev
+# The report page's tests open it in headless Chromium (tests/test_page.py): Debian's package, installed when it is
+# missing and this runs as root with apt-get, as on CI's machines; elsewhere those tests skip and say why. Installed
+# beside the environment's setup (minutes on a fresh machine), and waited for before pytest starts.
+chromium_pid=
+if [ "$QUICK" = 0 ] && ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "== installing chromium for the report page's browser tests, beside the environment's setup"
+  ( { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
+      || echo "(chromium could not be installed: the browser tests will skip)" ) &
+  chromium_pid=$!
+fi
 # The tests' own environment (not the demo's .venv): fastai.vision, which the real-applications suite trains, needs
 # torchvision, and torchvision imports only beside a CUDA build of torch (5.5 GB; it runs on a CPU too).
 VENV="${VENV:-$(cd "$(dirname "$0")/.." && pwd)/.venv-test}"
@@ -44,27 +54,35 @@ if [ "$QUICK" = 1 ]; then
   echo "== --quick: the notebooks are not run, the files marked slow are left out (the whole command runs both)"
   set -- -m "not slow" "$@"
 else
-  echo "== nbdev-test: the docs notebooks (at ${SECONDS} s)"
-  "$VENV/bin/nbdev-test" --n-workers 2
+  # The notebooks run beside pytest, their output shown when both are done: on a busy machine, as CI's is, more
+  # processes get the checks a larger share of the cores (alone, the notebooks took 170 s of a loaded CI run)
+  echo "== nbdev-test: the docs notebooks, beside pytest (at ${SECONDS} s)"
+  nb_log="$(mktemp)"
+  "$VENV/bin/nbdev-test" --n-workers 2 >"$nb_log" 2>&1 &
+  nb_pid=$!
 fi
-# The report page's tests open it in headless Chromium (tests/test_page.py): Debian's package, installed here when it is
-# missing and this runs as root with apt-get, as on CI's machines; elsewhere those tests skip and say why.
-if [ "$QUICK" = 0 ] && ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
-  echo "== installing chromium for the report page's browser tests (at ${SECONDS} s)"
-  { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium; } >/dev/null 2>&1 \
-    || echo "(chromium could not be installed: the browser tests will skip)"
-fi
+if [ -n "$chromium_pid" ]; then wait "$chromium_pid" || true; fi
 echo "== pytest (at ${SECONDS} s)"
 # Several test processes (pytest-xdist), each test file whole in one of them, the longest files first (tests/conftest.py
 # orders them; --no-loadscope-reorder keeps that order): twice the cores and one more, at least 3 and at most 8
 # (PYTEST_WORKERS=N to change; 0 runs the tests in this one process). On a machine busy with other work, as CI's is, the
 # cores are shared among the running processes, so more test processes get the suite a larger share: under CI's load (a
 # spinning process on each of 2 cores) pytest took 1,080-1,290 s in 2 processes (half the cores) and 1,057 s in 3, and in
-# one process CI as a whole took over 31 minutes; later, with more tests, 1,487 s in 3 processes and 1,260 s in 5. Many tests also wait (sleeping workloads, subprocesses starting python),
+# one process CI as a whole took over 31 minutes; later, with more tests, 1,487 s in 3 processes and 1,260 s in 5.
+# Many tests also wait (sleeping workloads, subprocesses starting python),
 # which a process more than the cores fills on a quiet machine. The cores are counted before OMP_NUM_THREADS=1 above,
 # which `nproc` would otherwise obey and count as one. The reasons of skipped tests and the 25 slowest tests are listed
 # at the end.
 cores="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)"  # no nproc on macOS
 workers="${PYTEST_WORKERS:-$(( cores < 2 ? 3 : cores > 3 ? 8 : 2*cores + 1 ))}"
 if [ "$workers" -gt 0 ]; then par=(-n "$workers" --dist loadfile --no-loadscope-reorder); else par=(); fi
+set +e
 "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider "${par[@]}" --durations 25 tests "$@"
+rc=$?
+if [ "$QUICK" = 0 ]; then
+  wait "$nb_pid"; nb_rc=$?
+  echo "== nbdev-test: the docs notebooks (exit status $nb_rc, at ${SECONDS} s)"
+  cat "$nb_log"; rm -f "$nb_log"
+  if [ "$nb_rc" != 0 ]; then echo "FAIL: a notebook's cells failed (nbdev-test, above)" >&2; [ "$rc" != 0 ] || rc=$nb_rc; fi
+fi
+exit "$rc"
