@@ -54,12 +54,10 @@ if [ "$QUICK" = 1 ]; then
   echo "== --quick: the notebooks are not run, the files marked slow are left out (the whole command runs both)"
   set -- -m "not slow" "$@"
 else
-  # The notebooks run beside pytest, their output shown when both are done: on a busy machine, as CI's is, more
-  # processes get the checks a larger share of the cores (alone, the notebooks took 170 s of a loaded CI run)
-  echo "== nbdev-test: the docs notebooks, beside pytest (at ${SECONDS} s)"
-  nb_log="$(mktemp)"
-  "$VENV/bin/nbdev-test" --n-workers 2 >"$nb_log" 2>&1 &
-  nb_pid=$!
+  # Alone, not beside pytest: run beside its 5 processes on CI's 2 busy cores, three notebooks' verdicts (08_compare,
+  # 17_tune, 34_stages) failed at that load
+  echo "== nbdev-test: the docs notebooks (at ${SECONDS} s)"
+  "$VENV/bin/nbdev-test" --n-workers 2
 fi
 if [ -n "$chromium_pid" ]; then wait "$chromium_pid" || true; fi
 echo "== pytest (at ${SECONDS} s)"
@@ -76,13 +74,4 @@ echo "== pytest (at ${SECONDS} s)"
 cores="$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc 2>/dev/null || getconf _NPROCESSORS_ONLN 2>/dev/null || echo 2)"  # no nproc on macOS
 workers="${PYTEST_WORKERS:-$(( cores < 2 ? 3 : cores > 3 ? 8 : 2*cores + 1 ))}"
 if [ "$workers" -gt 0 ]; then par=(-n "$workers" --dist loadfile --no-loadscope-reorder); else par=(); fi
-set +e
 "$VENV/bin/python" -m pytest -q -rs -p no:cacheprovider "${par[@]}" --durations 25 tests "$@"
-rc=$?
-if [ "$QUICK" = 0 ]; then
-  wait "$nb_pid"; nb_rc=$?
-  echo "== nbdev-test: the docs notebooks (exit status $nb_rc, at ${SECONDS} s)"
-  cat "$nb_log"; rm -f "$nb_log"
-  if [ "$nb_rc" != 0 ]; then echo "FAIL: a notebook's cells failed (nbdev-test, above)" >&2; [ "$rc" != 0 ] || rc=$nb_rc; fi
-fi
-exit "$rc"
