@@ -102,10 +102,10 @@ def test_known_delays_show_in_their_rows(num_workers, near):
             per_worker = [t.loc[('item', f'worker {w}'), 'Number of Calls'] for w in range(num_workers)]
             assert sum(per_worker) == n_items and all(per_worker), per_worker
             assert 'main' not in t.xs('item', level='Stage').index  # items are made in the workers only
-        # the share of an item's time: exactly the delays' on the injected clock; the largest part with sleeps
+        # the share of an item's time: exactly the delays' on the injected clock. Not with sleeps: a loaded machine
+        # stretches a 5 ms sleep past a 10 ms one often enough that their order is the load's (issue 59)
         share = t.loc[('after_item: SleepyItem', where), 'Share']
         if near.exact: assert share == pytest.approx(ITEM/(DECODE + ITEM), abs=1e-9)
-        else: assert share == parts.Share.max()
     lines = ' '.join(' '.join(learn.profile_result.lines()).split())  # the lines unwrapped
     assert 'Loader stages (train' in lines and 'Loader stages (valid' in lines and 'after_item: SleepyItem' in lines
     assert ('persistent_workers' in lines) == bool(num_workers)  # the workers' start-up, paid at every pass
