@@ -7,7 +7,7 @@ import pytest
 from fastai.callback.core import Callback
 
 # ------------------------------------------------------------------------------------------------------ test order
-# The files that take longest, longest first (seconds of one test process in a loaded run of the whole suite, 5 test
+# The files that take longest, longest first (seconds of one test process in a loaded run of the whole suite, 3 test
 # processes and 2 spinning ones on 2 cores): scripts/test.sh runs the files in several processes, each taking the next
 # file in this order as it frees up, so the long ones start at once instead of holding the run up at its end. Every
 # other file follows, in pytest's own order. Each file here but the fault injections' is marked `slow`: the quick loop
