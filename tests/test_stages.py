@@ -185,13 +185,14 @@ class SlowForward(nn.Module):
     def forward(self, x): time.sleep(self.secs); return self.lin(x.flatten(1))
 
 def test_the_queue_says_when_workers_keep_up():
-    """A batch takes 140 ms to make (its items and collation sleep), the loop 400 ms more (a sleeping forward): two workers
+    """A batch takes 140 ms to make (its items and collation sleep), the loop 800 ms more (a sleeping forward): two workers
     make one every 70 ms, so batches are ready when the loop asks; without workers the loop waits for each (140 ms).
-    400 ms, not 150: in a loaded CI run half the batches of the 150 ms loop came about 21 ms late from the workers, over
-    the bar of 10% of the iteration (19.6 ms); the bar is now about 40 ms"""
+    800 ms, not 150: in a loaded CI run half the batches of the 150 ms loop came about 21 ms late from the workers, over
+    the bar of 10% of the iteration (19.6 ms); with 400 ms, 3 of 8 came late in a loaded run of 5 test processes (a
+    median wait of 81 ms); the bar is now about 90 ms"""
     qs = {}
     for w in (0, 2):
-        learn = learner(w, n=96, model=SlowForward(0.4))
+        learn = learner(w, n=96, model=SlowForward(0.8))
         with learn.no_bar(): fit(learn)
         qs[w] = learn.profile_result.payload('stages').attrs['queue']['train']
         text = ' '.join(' '.join(learn.profile_result.lines()).split())  # the lines unwrapped
