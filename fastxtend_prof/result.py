@@ -20,6 +20,7 @@ from .features import FEATURES, Feature, Later
 from .rules import advise, run_context
 from .distributed import dist_info, format_merged, gather_profile
 from .plots import timeline_frame
+from .events import say_on_lookup
 
 # %% ../nbs/30_result.ipynb #0d58fa1f
 def recorder_results(rec:TimingRecorder, samples_per_second:bool=True) -> pd.DataFrame:
@@ -234,16 +235,15 @@ REMOVED = dict(  # the Learner attributes earlier versions had -> what to read i
     profile_arrivals='learn.profile_result.arrivals', profile_comparison='learn.profile_result.baseline',
     profile_gains='what_if(learn.profile_result.recorder) (from fastxtend_prof.gains import what_if)')
 
-def _named_getattr(orig):
-    def __getattr__(self, k):
-        "fastai's lookup, which goes on to the model; but a name this package removed, or one of its views before a profile, fails saying what to do"
-        if k in REMOVED: raise AttributeError(f'`learn.{k}` was removed: use `{REMOVED[k]}`')
-        if k in _VIEWS and self.profile_result is None: raise AttributeError(f'`learn.{k}`: no profiled fit yet: call `learn.profile()`, then fit')
-        return orig(self, k)
-    __getattr__.orig = orig
-    return __getattr__
-# once, whatever reloads this module: fastai's own `GetAttr.__getattr__` is the one wrapped
-Learner.__getattr__ = _named_getattr(getattr(Learner.__dict__.get('__getattr__'), 'orig', None) or Learner.__getattr__)
+def _removed(k):
+    msg = f'`learn.{k}` was removed: use `{REMOVED[k]}`'
+    return lambda learn: msg
+def _not_yet(k):
+    msg = f'`learn.{k}`: no profiled fit yet: call `learn.profile()`, then fit'
+    return lambda learn: msg if learn.profile_result is None else None
+# fastai hands a name the Learner lacks on to the model; these fail saying what to do instead (`events` owns the lookup)
+for _k in REMOVED: say_on_lookup(_k, _removed(_k))
+for _k in _VIEWS: say_on_lookup(_k, _not_yet(_k))
 
 @patch
 def profile_timeline(self:Learner,

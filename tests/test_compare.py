@@ -31,8 +31,10 @@ from fastxtend_prof.recorder import StepSummary
 from fastxtend_prof.saved import save_profile
 from conftest import recorder_with
 
-DELAY = 10e-3  # s added to opt_step's time: several times the step's own, and far above what load makes two runs of the same work differ by
-GATE_DELAY = 3*DELAY  # s added to opt_step's time for the CLI gate and the baseline option: on the injected clock, so it
+DELAY = 30e-3  # s added to opt_step's time, on the injected clock (no real time): many times the step's own, and far above
+# what load makes two runs of the same work differ by (at 10 ms, with valgrind busy beside the suite, the base iteration
+# came out 6.6 ms a batch of CPU time with a tail wide enough that +150% was p = 0.024: "no significant change")
+GATE_DELAY = DELAY  # s added to opt_step's time for the CLI gate and the baseline option: on the injected clock, so it
 # costs no real time and stays a known share of the iteration however slow load makes the rest (a 4 ms spin was +12% of
 # a 37 ms loaded iteration, under the 15% a change needs to count, and the gate let it pass)
 SMALL = dict(bs=16, width=32)  # the MLP of the runs with a delay: 2.6 ms an iteration at the median at a load of about 13 (the default one: 13 ms)

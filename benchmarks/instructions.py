@@ -1,0 +1,130 @@
+"""What importing and using the package costs a fit, in CPU instructions a batch: deterministic whatever the machine's load.
+
+Wall time on a shared 2-core machine moves by more than the costs this measures (tens of thousands of instructions a
+batch, 1% of a tiny fit's), so this counts instructions instead, with valgrind's callgrind: each configuration runs in a
+process of its own under valgrind, fits fastai's `synth_learner` (40 train and 4 valid batches of 16, two epochs, one
+torch thread, no progress bar, no logging) once to warm up, then once more, counting the instructions of fastai's epoch
+loop (`Learner._do_fit`: every batch and epoch event, not `before_fit` or `after_fit`) and nothing else: a small C helper,
+compiled here, turns callgrind's instrumentation on and off around it. `PYTHONHASHSEED` is fixed, so a configuration
+counts the same on every run (within a few hundred instructions a batch).
+
+- `fastai`: fastai alone, the package not imported;
+- `imported`: after `import fastxtend_prof.all`, a fit nothing profiles: what the package costs a user who imported it
+  and is not profiling (the promise: nothing measurable; the bar: 0.3% of fastai's own instructions a batch);
+- `floor`: after the import, the cheapest honest profiler of this kind: the loop that emits `before_draw` plus two bare
+  callbacks appending `perf_counter()` at every per-batch event (as in `overhead.py` and `hot_path.py`);
+- `profiled`: after the import, `learn.profile()` with its defaults (no report printed, no logger).
+
+The table gives each configuration's instructions a batch, what it adds to `fastai`, that as a share of `fastai`'s,
+and `profiled`'s added cost over the floor's (the bar: 0.80).
+
+    python benchmarks/instructions.py                       # needs valgrind and a C compiler (valgrind's callgrind.h)
+    git worktree add /tmp/before HEAD~1 && python benchmarks/instructions.py --base /tmp/before   # before/after
+    python benchmarks/instructions.py --json instructions.json
+
+With `--base`, each configuration that imports the package also runs with that checkout's package (`base:imported`,
+...), and the table shows both.
+"""
+import argparse, json, os, re, shutil, subprocess, sys, tempfile
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+N_TRN, N_VAL, EPOCHS = 40, 4, 2
+CONFIGS = ('fastai', 'imported', 'floor', 'profiled')
+
+HELPER = r'''
+#include <valgrind/callgrind.h>
+void fxp_start(void) { CALLGRIND_START_INSTRUMENTATION; CALLGRIND_ZERO_STATS; }
+void fxp_stop(void) { CALLGRIND_DUMP_STATS; CALLGRIND_STOP_INSTRUMENTATION; }
+'''
+
+CHILD = r'''
+import ctypes, sys, time
+import torch
+torch.set_num_threads(1)
+config, helper, n_trn, n_val, epochs = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
+cg = ctypes.CDLL(helper)
+if config != 'fastai': import fastxtend_prof.all  # noqa: F401
+from fastai.test_utils import synth_learner
+from fastai.callback.core import Callback
+from fastai.callback.progress import ProgressCallback
+
+def stamp(self): self.t.append(time.perf_counter())
+class Floor(Callback):
+    def __init__(self): self.t = []
+    @property
+    def training(self): return self.learn.training  # else fastai's per-event lookup falls through Learner to the model
+    before_draw = before_batch = after_pred = after_loss = before_backward = after_backward = before_step = after_step = after_batch = stamp
+class FloorPre(Floor): order = -1000
+class FloorPost(Floor): order = 49
+
+learn = synth_learner(n_trn=n_trn, n_val=n_val)
+learn.remove_cb(ProgressCallback)
+
+def fit(counted):
+    if config == 'floor': learn.add_cbs([FloorPre(), FloorPost()])
+    if config == 'profiled': learn.profile(show_report=False, logger_callback=None)
+    do_fit = learn._do_fit
+    def loop():
+        if counted: cg.fxp_start()
+        try: do_fit()
+        finally:
+            if counted: cg.fxp_stop()
+    learn._do_fit = loop
+    try:
+        with learn.no_logging(): learn.fit(epochs)
+    finally:
+        del learn._do_fit
+        if config == 'floor': learn.remove_cbs([cb for cb in learn.cbs if isinstance(cb, Floor)])
+
+fit(False)  # warm up every path: the first fit pays one-off costs (allocator, lazy imports)
+fit(True)
+'''
+
+def build_helper(where:Path) -> Path:
+    "The C helper that switches callgrind's instrumentation on and off, compiled into `where`"
+    cc = shutil.which(os.environ.get('CC', 'cc')) or shutil.which('gcc')
+    if shutil.which('valgrind') is None or cc is None: sys.exit('this benchmark needs valgrind and a C compiler (apt-get install valgrind gcc)')
+    (where/'helper.c').write_text(HELPER)
+    out = where/'libfxp_callgrind.so'
+    p = subprocess.run([cc, '-shared', '-fPIC', '-O0', '-o', str(out), str(where/'helper.c')], capture_output=True, text=True)
+    if p.returncode: sys.exit(f"could not compile the callgrind helper (valgrind's headers: valgrind/callgrind.h):\n{p.stderr}")
+    return out
+
+def count(config:str, package:Path, helper:Path, where:Path) -> float:
+    "Instructions a batch of fastai's epoch loop in `config`, with the package at `package` (a checkout's root)"
+    tag = f'{config}-{abs(hash(str(package)))}'
+    out = where/f'callgrind.{tag}'
+    env = dict(os.environ, PYTHONHASHSEED='0', OMP_NUM_THREADS='1', PYTHONPATH=str(package), PYTHONWARNINGS='ignore')
+    cmd = ['valgrind', '--tool=callgrind', '--instr-atstart=no', f'--callgrind-out-file={out}.%p',
+           sys.executable, '-c', CHILD, config, str(helper), str(N_TRN), str(N_VAL), str(EPOCHS)]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=where, env=env)
+    if p.returncode: sys.exit(f'{config} failed under valgrind:\n{p.stderr[-3000:]}')
+    dumps = [f for f in where.glob(f'callgrind.{tag}.*') if re.search(r'\.\d+\.\d+$', f.name)]  # the counted loop's dump
+    if len(dumps) != 1: sys.exit(f'{config}: expected one callgrind dump, found {[f.name for f in dumps]}')
+    total = int(re.search(r'^summary:\s*(\d+)', dumps[0].read_text(), re.M).group(1))
+    return total/(EPOCHS*(N_TRN + N_VAL))
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    ap.add_argument('--base', type=Path, help="another checkout's root: its package is counted beside this one's")
+    ap.add_argument('--json', type=Path, help='also write the counts here')
+    a = ap.parse_args()
+    runs = [(c, ROOT) for c in CONFIGS] + ([(f'base:{c}', a.base.resolve()) for c in CONFIGS[1:]] if a.base else [])
+    with tempfile.TemporaryDirectory() as d:
+        where = Path(d)
+        helper = build_helper(where)
+        with ThreadPoolExecutor(os.cpu_count() or 2) as ex:  # instruction counts do not depend on what runs beside
+            got = dict(zip([n for n, _ in runs], ex.map(lambda r: count(r[0].removeprefix('base:'), r[1], helper, where), runs)))
+    plain = got['fastai']
+    print(f'Instructions a batch of fastai\'s epoch loop (synth_learner, {N_TRN}+{N_VAL} batches of 16, {EPOCHS} epochs):')
+    print(f'{"configuration":<18}{"instructions":>14}{"added":>12}{"of fastai":>11}{"× floor":>9}')
+    for name, v in got.items():
+        added = v - plain
+        floor = got['base:floor' if name.startswith('base:') else 'floor'] - plain
+        ratio = f'{added/floor:>9.2f}' if name.endswith('profiled') else ''
+        print(f'{name:<18}{v:>14,.0f}{added:>+12,.0f}{added/plain:>+10.2%}{ratio}')
+    if a.json: a.json.write_text(json.dumps(dict(per_batch=got, batches=EPOCHS*(N_TRN + N_VAL)), indent=1))
+
+if __name__ == '__main__': main()
