@@ -9,7 +9,7 @@ __all__ = ['RUN_HELP', 'GATE_EXIT', 'demo_device', 'demo_threads', 'parser', 'co
 # %% ../nbs/10_cli.ipynb #168568d7
 import argparse, importlib.util, math, sys, time, warnings
 from pathlib import Path
-from .defaults import DEVICES, ALPHA, MIN_CHANGE, MIN_SHARE, ASKED, FORMATS
+from .defaults import DEVICES, ALPHA, MIN_CHANGE, MIN_SHARE, ASKED, FORMATS, HISTORY_MIN_SHIFT, HISTORY_MIN_SHARE
 from typing import TYPE_CHECKING
 if TYPE_CHECKING: import torch  # for `demo_device`'s annotation: the commands import torch only where they need it
 
@@ -63,7 +63,9 @@ RUN_HELP = 'profile every fit of a fastai script, unchanged: run SCRIPT [args...
 def parser():
     "The `fastxtend-prof` argument parser (`run` is listed, but `main` hands it its arguments before this parser sees them)"
     from fastxtend_prof.recorder import SYNC_MODES  # numpy: here, so that `run` starts the script before anything of it is imported
-    p = _OneLineErrors(prog='fastxtend-prof', description='Profile a short fastai training run and print where the time went.')
+    p = _OneLineErrors(prog='fastxtend-prof',
+                       description='Profile a short fastai training run and print where the time went: with no command, the demo '
+                                   '(its options: fastxtend-prof demo --help). Each command: fastxtend-prof COMMAND --help.')
     sub = p.add_subparsers(dest='command', parser_class=_OneLineErrors)
     d = sub.add_parser('demo', help='profile a small CNN on scikit-learn digits (the default command)')
     for q in (p, d):  # the subcommand's copies default to nothing, so options given before `demo` stand
@@ -82,17 +84,26 @@ def parser():
         q.add_argument('--save-json', metavar='PATH', **dflt(None), help='save the profile as JSON, to compare with another run: fastxtend-prof compare BASE.json NEW.json')
         q.add_argument('--html', metavar='PATH', **dflt(None), help='save the report page: one HTML file that opens offline in a browser')
         q.add_argument('--no-progress', action='store_true', **dflt(False), help="print one line per epoch (epoch, losses, metrics, time) instead of fastai's progress bar")
-    c = sub.add_parser('compare', help='compare two saved profiles, BASE then NEW (learn.profile(save_json=True)); exit 1 with --fail-if-slower when it tripped',
-                       description='Compare two profiles saved as JSON, the baseline first: per step, the change of the time per batch, its interval and a test; '
-                                   'a verdict in words. Exit 0, or 1 when --fail-if-slower tripped; 2 with one line on stderr for bad input (a file that is not a run).')
-    c.add_argument('base', help='the baseline profile (JSON), the run before the change')
-    c.add_argument('new', help='the profile to judge (JSON), the run after it')
-    c.add_argument('--fail-if-slower', type=_non_negative(float), metavar='PCT', help='exit 1 if --step got significantly slower by more than PCT percent')
-    c.add_argument('--step', metavar='PHASE/STEP', help='the row --fail-if-slower reads, only with it (default: train/iteration)')
+    for o in p._actions:  # taken before the command too (`fastxtend-prof --epochs 1` is the demo), listed under `demo --help`
+        if o.option_strings and o.option_strings != ['-h', '--help']: o.help = argparse.SUPPRESS
+    d.set_defaults(func=demo_command)
+    c = sub.add_parser('compare', help='compare two saved profiles, BASE then NEW, or NEW --baseline BASE (learn.profile(save_json=True)); exit 1 with --fail-on-regression when it tripped',
+                       usage='fastxtend-prof compare BASE NEW [options], or fastxtend-prof compare NEW --baseline BASE [options]',
+                       description='Compare two profiles saved as JSON, the baseline first (or named by --baseline, as in `report` and `history`): per step, '
+                                   'the change of the time per batch, its interval and a test; a verdict in words. '
+                                   'Exit 0, or 1 when --fail-on-regression tripped; 2 with one line on stderr for bad input (a file that is not a run).')
+    c.add_argument('runs', nargs='+', metavar='RUN', help='BASE NEW: the baseline profile (JSON), the run before the change, then the run to judge; or NEW alone, with --baseline')
+    c.add_argument('--baseline', metavar='BASE', help='the baseline profile (JSON); then one RUN, the run to judge')
+    c.add_argument('--fail-on-regression', '--fail-if-slower', dest='fail_on_regression', type=_non_negative(float), metavar='PCT',
+                   help='exit 1 if --step got significantly slower by more than PCT percent (--fail-if-slower: the same, its earlier name)')
+    c.add_argument('--step', metavar='PHASE/STEP', help='the row --fail-on-regression reads, only with it (default: train/iteration)')
     c.add_argument('--alpha', type=_number(float, 1e-12, 'a number in (0, 1)'), default=ALPHA, help=f'significance level of the test (default: {ALPHA})')
     c.add_argument('--min-change', type=_non_negative(float), default=MIN_CHANGE, metavar='PCT', help=f'smallest change in percent called significant (default: {MIN_CHANGE:g})')
     c.add_argument('--min-share', type=_non_negative(float), default=MIN_SHARE, metavar='PCT', help=f"smallest change, in percent of the phase's iteration time, called significant (default: {MIN_SHARE:g})")
     c.add_argument('--plot', metavar='PATH', help='save the side-by-side chart to this PNG file')
+    c.add_argument('--format', choices=FORMATS[:3], default='text', help="text (default); md: a pull request's markdown of NEW and its comparison; json: the summary (its schema in the package)")
+    c.add_argument('-o', '--output', metavar='PATH', help='write it to this file instead of printing it; missing folders are made')
+    c.set_defaults(func=compare_command)
     t = sub.add_parser('tune', help="try the profile's advice on the demo in short trials and keep what is significantly faster (learn.speed_find)",
                        description='Run learn.speed_find() on the demo: profile the starting configuration, try the fixes its profile points to, '
                                    'and print each trial with its prediction, its measured change and the verdict.')
@@ -105,15 +116,17 @@ def parser():
     t.add_argument('--warmup', type=_non_negative(int), default=3, help='leading train batches of each loop left out of a trial (default: 3)')
     t.add_argument('--allow', choices=ASKED, action='append', default=[], help='also try a fix that changes the numerics or the training (repeatable)')
     t.add_argument('--plot', metavar='PATH', help='save the chart of the trials to this PNG file')
+    t.set_defaults(func=tune_command)
     r = sub.add_parser('report', help='write the report page of a saved profile (learn.profile(save_json=True)): one HTML file that opens offline',
                        description='Write one self-contained HTML page of a profile saved as JSON: the overview, the report table, timelines, '
                                    'distributions, features, ranks and the run; with --baseline, its comparison with that run too. '
                                    'Exit 0, or 2 with one line on stderr for bad input (a file that is not a run).')
     r.add_argument('profile', help='the profile (JSON)')
     r.add_argument('--baseline', metavar='BASE', help='a profile to compare it with, as `compare BASE PROFILE` does (JSON)')
-    r.add_argument('--format', choices=('html', *FORMATS[1:]), default='html',
-                   help="html: the page (default); md: a pull request's markdown; json: the summary (its schema in the package); bmf: Bencher's metric format")
+    r.add_argument('--format', choices=('html', *FORMATS), default='html',
+                   help="html: the page (default); text: the report table and the advice; md: a pull request's markdown; json: the summary (its schema in the package); bmf: Bencher's metric format")
     r.add_argument('-o', '--output', metavar='PATH', help="where to write it; missing folders are made (default: profile_report.html for the page, else printed)")
+    r.set_defaults(func=report_command)
     h = sub.add_parser('history', help='follow saved runs over time: each step run by run, change points and the step that moved; with --fail-on-regression exit 1 on a regression, 3 when there are too few runs to judge',
                        description='Read saved runs, oldest first (files in the order given; a folder: its runs by when they were saved), find the change points of every '
                                    'train step (each run weighed by its own per-batch spread and the spread between runs, every step and split tested at once against '
@@ -127,12 +140,14 @@ def parser():
     h.add_argument('--accept', action='append', default=[], metavar='RUN', help="a run's label or file name: the first run of an intended change, from which the level is the reference (repeatable)")
     h.add_argument('--accept-file', metavar='PATH', help='a file of runs to accept, one label or file name a line (# starts a comment): a repository keeps its decisions beside its code')
     h.add_argument('--alpha', type=_number(float, 1e-12, 'a number in (0, 1)'), default=ALPHA, help=f'significance level of every test (default: {ALPHA})')
-    h.add_argument('--min-shift', type=_non_negative(float), default=8., metavar='PCT', help='smallest move of a step, in percent, called a change point (default: 8)')
-    h.add_argument('--min-share', type=_non_negative(float), default=1., metavar='PCT', help="... and of the batch's time, in percent of the iteration (default: 1)")
-    h.add_argument('--format', choices=FORMATS, default='text', help="text (default); md: a pull request's markdown; json: the summary; bmf: Bencher's metric format of the latest run")
-    h.add_argument('--html', metavar='PATH', help='also write a page with the chart of every step run by run (one HTML file that opens offline)')
+    h.add_argument('--min-shift', type=_non_negative(float), default=HISTORY_MIN_SHIFT, metavar='PCT', help=f'smallest move of a step, in percent, called a change point (default: {HISTORY_MIN_SHIFT:g})')
+    h.add_argument('--min-share', type=_non_negative(float), default=HISTORY_MIN_SHARE, metavar='PCT', help=f"... and of the batch's time, in percent of the iteration (default: {HISTORY_MIN_SHARE:g})")
+    h.add_argument('--format', choices=(*FORMATS, 'html'), default='text',
+                   help="text (default); md: a pull request's markdown; json: the summary; bmf: Bencher's metric format of the latest run; html: the page (to -o, default history.html)")
+    h.add_argument('--html', metavar='PATH', help='also write the page, the chart of every step run by run (one HTML file that opens offline), beside what --format prints')
     h.add_argument('-o', '--output', metavar='PATH', help='write the text or summary to this file instead of printing it; missing folders are made')
-    sub.add_parser('guide', help="print the usage guide for automated readers: the commands, what they print, exit codes, the summary's fields")
+    h.set_defaults(func=history_command)
+    sub.add_parser('guide', help="print the usage guide for automated readers: the commands, what they print, exit codes, the summary's fields").set_defaults(func=guide_command)
     sub.add_parser('run', help=RUN_HELP, add_help=False)  # listed in --help; `main` dispatches `run ...` before parsing
     return p
 
@@ -156,26 +171,42 @@ def _unexpected(e:Exception, *files) -> str:
     named = ', '.join(repr(str(f)) for f in files if f)
     return f'{type(e).__name__} while reading {named}: {e} (a bug in fastxtend_prof: please report it with the file)'
 
+def _base_and_new(a):
+    "`(base, new)` from `compare`'s arguments: `BASE NEW`, or `NEW --baseline BASE`; ValueError with the line that is right"
+    if a.baseline is not None:
+        if len(a.runs) != 1: raise ValueError(f'with --baseline, one run to judge: fastxtend-prof compare {a.runs[-1]} --baseline {a.baseline}')
+        return a.baseline, a.runs[0]
+    if len(a.runs) != 2: raise ValueError(f'two runs, the baseline first: fastxtend-prof compare BASE NEW (or NEW --baseline BASE); got {len(a.runs)}')
+    return tuple(a.runs)
+
 def compare_command(a) -> int:
-    "`fastxtend-prof compare`: print the comparison; 0, or 1 when `--fail-if-slower` trips; 2 with one line on bad input"
-    if a.step is not None and a.fail_if_slower is None:
-        return _error('compare', f'--step names the row --fail-if-slower reads: give --fail-if-slower PCT too (--step {a.step} alone changes nothing)')
-    step = a.step or 'train/iteration'
+    "`fastxtend-prof compare`: the comparison, printed or in `--format`; 0, or 1 when `--fail-on-regression` trips; 2 with one line on bad input"
+    if a.step is not None and a.fail_on_regression is None:
+        return _error('compare', f'--step names the row --fail-on-regression reads: give --fail-on-regression PCT too (--step {a.step} alone changes nothing)')
+    step, pct = a.step or 'train/iteration', a.fail_on_regression
     try:
+        base_path, new_path = _base_and_new(a)
         plot = _output(a.plot, '--plot', 'profile_comparison.png') if a.plot else None
-        base, new = _read(a.base, 'base'), _read(a.new, 'new')
-        from fastxtend_prof.compare import compare_profiles, show_comparison, slower_than, plot_comparison  # scipy, not torch
+        out = _output(a.output, '--output', f'profile_comparison.{"txt" if a.format == "text" else a.format}') if a.output else None
+        base, new = _read(base_path, 'base'), _read(new_path, 'new')
+        from fastxtend_prof.compare import compare_profiles, comparison_text, slower_than, plot_comparison  # scipy, not torch
         cmp = compare_profiles(base, new, alpha=a.alpha, min_change=a.min_change, min_share=a.min_share)
-        tripped = slower_than(cmp, a.fail_if_slower, step) if a.fail_if_slower is not None else False
+        tripped = slower_than(cmp, pct, step) if pct is not None else False
+        if a.format == 'text': text = comparison_text(cmp)
+        else:
+            import json
+            from fastxtend_prof.summary import run_markdown, run_summary
+            text = run_markdown(new, cmp) if a.format == 'md' else json.dumps(run_summary(new, cmp), indent=1)
     except ValueError as e: return _error('compare', e)
-    except Exception as e: return _error('compare', _unexpected(e, a.base, a.new))
-    show_comparison(cmp)
+    except Exception as e: return _error('compare', _unexpected(e, *a.runs, a.baseline))
+    gate = f'gate {"FAILED" if tripped else "passed"}: {step} must not be significantly slower by more than {pct:g}%' if pct is not None else None
+    if gate and a.format == 'text': text = f'{text}\n{gate}'
+    _emit(text, out, f'{a.format} comparison')
+    say = sys.stderr if out is None and a.format == 'json' else sys.stdout  # printed JSON stays JSON
+    if gate and a.format != 'text': print(gate, file=say)
     if plot:
         plot_comparison(base, new, fname=plot)
-        print(f'Saved: chart {plot}')
-    if a.fail_if_slower is not None:
-        verdict = 'FAILED' if tripped else 'passed'
-        print(f'gate {verdict}: {step} must not be significantly slower by more than {a.fail_if_slower:g}%')
+        print(f'Saved: chart {plot}', file=say)
     return int(tripped)
 
 def _outputs(a) -> dict:
@@ -191,6 +222,15 @@ def _emit(text:str, path, what:str):
     atomic_write_text(path, text if text.endswith('\n') else text + '\n')
     print(f'Saved: {what} {path}')
 
+def _report_text(prof, cmp=None) -> str:
+    "A saved run as the terminal shows a profile: its report table and its advice, then its comparison `cmp` with a baseline"
+    from fastxtend_prof.report import format_report, report_text
+    from fastxtend_prof.compare import comparison_text
+    lines = [report_text(format_report(prof.results))]
+    if prof.advice is not None: lines += ['Advice:'] + ([f'- {a}' for a in prof.advice] or ['- No bottleneck found.'])
+    if cmp is not None: lines.append(comparison_text(cmp))
+    return '\n'.join(lines)
+
 def report_command(a) -> int:
     "`fastxtend-prof report`: the page of a saved profile (and its comparison with a baseline), or its summary (`--format`); 2 with one line on bad input"
     try:
@@ -205,8 +245,8 @@ def report_command(a) -> int:
             from fastxtend_prof.compare import compare_profiles
             from fastxtend_prof.summary import run_bmf, run_markdown, run_summary
             cmp = compare_profiles(base, prof) if base is not None else None
-            text = {'md': lambda: run_markdown(prof, cmp), 'json': lambda: json.dumps(run_summary(prof, cmp), indent=1),
-                    'bmf': lambda: json.dumps(run_bmf(prof), indent=1)}[a.format]()
+            text = {'text': lambda: _report_text(prof, cmp), 'md': lambda: run_markdown(prof, cmp),
+                    'json': lambda: json.dumps(run_summary(prof, cmp), indent=1), 'bmf': lambda: json.dumps(run_bmf(prof), indent=1)}[a.format]()
     except (ValueError, ImportError) as e: return _error('report', e)
     except Exception as e: return _error('report', _unexpected(e, a.profile, a.baseline))
     if a.format != 'html':
@@ -229,7 +269,8 @@ def history_command(a) -> int:
         return _error('history', f'--step names the step --fail-on-regression reads: give --fail-on-regression PCT too (--step {a.step} alone changes nothing)')
     step, gating = a.step or 'train/iteration', a.fail_on_regression is not None
     try:
-        out = _output(a.output, '--output', 'history.txt') if a.output else None
+        as_page = a.format == 'html'
+        out = _output(a.output or ('history.html' if as_page else None), '--output', 'history.html' if as_page else 'history.txt') if a.output or as_page else None
         page = _output(a.html, '--html', 'history.html') if a.html else None
         from_file = _accept_file(a.accept_file) if a.accept_file else []
         from fastxtend_prof.saved import load_profiles  # every file read and checked first: pandas and numpy only
@@ -244,15 +285,16 @@ def history_command(a) -> int:
         if skipped: h.notes.append(f"--accept-file names {len(skipped)} run{'s' if len(skipped) > 1 else ''} this history does not hold ({', '.join(skipped[:3])}{', ...' if len(skipped) > 3 else ''})")
         verdict = gate(h, a.fail_on_regression, step, sorted(set(accepted + more))) if gating else None
         line = f'gate: {verdict.kind} (the latest run\'s {step} must not be a real slowdown of more than {a.fail_on_regression:g}%): {verdict_text(h, verdict)}' if gating else ''
-        text = {'text': lambda: history_text(h) + (f'\n{line}' if line else ''), 'md': lambda: history_markdown(h, verdict),
+        from fastxtend_prof.history import history_page
+        text = {'text': lambda: history_text(h) + (f'\n{line}' if line else ''), 'md': lambda: history_markdown(h, verdict), 'html': lambda: history_page(h),
                 'json': lambda: json.dumps(history_summary(h, verdict), indent=1), 'bmf': lambda: json.dumps(history_bmf(h), indent=1)}[a.format]()
         if page:
-            from fastxtend_prof.history import history_page
             from fastxtend_prof.saved import atomic_write_text
             atomic_write_text(page, history_page(h))
     except (ValueError, ImportError) as e: return _error('history', e)
     except Exception as e: return _error('history', _unexpected(e, *a.runs))
-    _emit(text, out, f'{a.format} history')
+    _emit(text, out, 'page' if as_page else f'{a.format} history')
+    if as_page and line: print(line)
     if page: print(f'Saved: page {page}', file=sys.stderr if out is None and a.format in ('json', 'bmf') else sys.stdout)  # printed JSON stays JSON
     return GATE_EXIT[verdict.kind] if gating else 0
 
@@ -320,12 +362,7 @@ def _command(argv:list) -> int:
     if a.command == 'report' and extra and not extra[0].startswith('-'):
         return _error('report', f'one profile, then the run to compare it with as --baseline: fastxtend-prof report {a.profile} --baseline {extra[0]}')
     if extra: return _error(a.command, _unrecognized(extra, _options_of(sub.choices.get(a.command, p))))  # one line, as for any other bad option
-    if a.command == 'compare': return compare_command(a)
-    if a.command == 'tune': return tune_command(a)
-    if a.command == 'report': return report_command(a)
-    if a.command == 'history': return history_command(a)
-    if a.command == 'guide': return guide_command(a)
-    return demo_command(a)
+    return getattr(a, 'func', demo_command)(a)  # each sub-parser names its command; none given: the demo
 
 _DEMO = ('DigitsDataset', 'digits_dls', 'digits_cnn', 'digits_learner', 'epoch_line', 'print_epoch', 'demo')
 

@@ -21,7 +21,7 @@ from .saved import SavedProfile, as_profile, load_profiles
 from .stats import (BLOCK, CHANGE, CI_HIGH, CI_LOW, P_VALUE, Estimate, adjusted_p, compare, estimate, level, null_max,  # noqa: F401  (BLOCK: read from here too)
     scan as _scan, segment)
 from .advice import fill_text
-from .defaults import ALPHA
+from .defaults import ALPHA, HISTORY_MIN_SHIFT, HISTORY_MIN_SHARE
 from .compare import COMPARED_SETTINGS
 
 # %% ../nbs/37_history.ipynb #623841d7
@@ -30,8 +30,7 @@ LEAVES = tuple(str(s) for s in (*DRAW_STEPS, *TRAIN_PARTS[1:]))  # the parts a b
 DRAWS = 1999  # series drawn under no change that each test is calibrated against
 MIN_SIDE = 2  # runs on each side of a change point: a single run apart is a blip (the latest run's check judges the last one)
 MIN_RUNS = 5  # runs a history needs before it looks for change points
-MIN_SHIFT = 8.  # percent: a change point moves a step at least this much (identical runs on a shared VM shift by up to 7% for several runs)
-MIN_SHARE = 1.  # percent of the iteration: ... and the batch's time by at least this much (a part of a few microseconds moves by tens of percent with the machine)
+MIN_SHIFT, MIN_SHARE = HISTORY_MIN_SHIFT, HISTORY_MIN_SHARE  # percent a change point moves a step, and the batch's time (of the iteration), at least: in `defaults`, which the command line reads
 TAIL = 3  # the most runs at the end of a history a slowdown can hold unseen by the change points: each of them, and the latest, slower on its own
 VERDICTS = ('regression', 'no regression', 'not enough runs')  # what the gate says; exit status 1, 0 and 3 on the command line
 

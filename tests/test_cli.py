@@ -35,14 +35,15 @@ def test_device_cuda_without_a_gpu_exits_2_before_training(tmp_path):
     assert 'Simple Profiler report' not in p.stdout   # refused before any training
 
 def test_help_lists_every_option(tmp_path):
-    for args in (['--help'], ['demo', '--help']):  # the demo's options are the command's too
-        p = run(*args, cwd=tmp_path)
-        assert p.returncode == 0
-        for opt in ('--epochs', '--bs', '--num-workers', '--slow-data', '--warmup', '--device', '--sync', '--csv', '--plot', '--trace',
-                    '--save-json', '--no-progress'):
-            assert opt in p.stdout, (args, opt)
+    "`demo --help` lists the demo's options; `--help` the commands, and where the demo's options are (it led with them)"
+    p = run('demo', '--help', cwd=tmp_path)
+    assert p.returncode == 0
+    for opt in ('--epochs', '--bs', '--num-workers', '--slow-data', '--warmup', '--device', '--sync', '--csv', '--plot', '--trace',
+                '--save-json', '--html', '--no-progress'):
+        assert opt in p.stdout, opt
     top = ' '.join(run('--help', cwd=tmp_path).stdout.split())
     assert '{demo,compare,tune,report,history,guide,run}' in top and 'run SCRIPT [args...] or run -m MODULE [args...]' in top, top
+    assert 'fastxtend-prof demo --help' in top and '--epochs' not in top, top
 
 LIGHT = """import sys, contextlib, io
 from fastxtend_prof.cli import main
@@ -156,10 +157,10 @@ def test_tune_fixes_the_slow_data_demo(tmp_path):
     assert (tmp_path/'tune.png').read_bytes()[:4] == b'\x89PNG'
 
 def test_step_without_the_gate_is_refused(tmp_path):
-    "`--step` names the row `--fail-if-slower` reads: alone it would change nothing, so it is one line and exit 2"
+    "`--step` names the row `--fail-on-regression` reads: alone it would change nothing, so it is one line and exit 2"
     p = run('compare', 'a.json', 'b.json', '--step', 'train/nosuch', cwd=tmp_path)
-    assert p.returncode == 2 and p.stderr == ('fastxtend-prof compare: error: --step names the row --fail-if-slower reads: '
-                                              'give --fail-if-slower PCT too (--step train/nosuch alone changes nothing)\n'), p.stderr
+    assert p.returncode == 2 and p.stderr == ('fastxtend-prof compare: error: --step names the row --fail-on-regression reads: '
+                                              'give --fail-on-regression PCT too (--step train/nosuch alone changes nothing)\n'), p.stderr
 
 def test_demo_save_json_then_compare(tmp_path):
     "Two demo runs saved with --save-json, then `compare` on them: the comparison from the command line alone, without torch or fastai"

@@ -188,6 +188,33 @@ def saved(tmp_path_factory):
     save_profile(base, d/'base.json'); save_profile(slow, d/'slow.json')
     return d
 
+def test_one_vocabulary_for_the_baseline_the_gate_and_the_format(saved, tmp_path, capsys):
+    """Every command that judges a run against another names the baseline `--baseline BASE`, every gate is
+    `--fail-on-regression PCT`, and `report`, `compare` and `history` all take `--format` (and `-o`); the earlier
+    spellings (`compare BASE NEW`, `--fail-if-slower`, `history --html`) still work. The command's own `main`, in this process"""
+    from fastxtend_prof.cli import main
+    def said(*argv):
+        rc = main([str(a) for a in argv])
+        out = capsys.readouterr()
+        return rc, out.out, out.err
+    b, s = saved/'base.json', saved/'slow.json'
+    old, new = said('compare', b, s, '--fail-if-slower', 10), said('compare', s, '--baseline', b, '--fail-on-regression', 10)
+    assert old == new and old[0] == 1 and 'gate FAILED' in old[1], old
+    rc, out, err = said('compare', s, '--baseline', b, '--format', 'json', '--fail-on-regression', 10)
+    summary = json.loads(out)   # printed JSON stays JSON: the gate's line goes to stderr
+    assert rc == 1 and summary['comparison']['verdict'].startswith('train iteration') and 'gate FAILED' in err, (out, err)
+    rc, out, _ = said('compare', b, s, '--format', 'md', '-o', tmp_path/'cmp.md')
+    assert rc == 0 and (tmp_path/'cmp.md').read_text().startswith('### fastxtend_prof') and 'Saved: md comparison' in out
+    rc, out, _ = said('report', s, '--baseline', b, '--format', 'text')
+    assert rc == 0 and 'Simple Profiler report' not in out and 'Compared with the baseline: train iteration' in out and 'opt_step' in out, out
+    rc, out, _ = said('history', b, s, '--format', 'html', '-o', tmp_path/'page.html')
+    assert rc == 0 and (tmp_path/'page.html').read_text().lstrip().lower().startswith('<!doctype html'), out
+    rc, out, _ = said('history', b, s, '--html', tmp_path/'also.html')   # the earlier option: the text, and the page beside it
+    assert rc == 0 and (tmp_path/'also.html').exists() and 'Saved: page' in out
+    for argv in (['compare', b], ['compare', b, s, '--baseline', b]):   # one run, or three: which is the baseline is not guessed
+        rc, _, err = said(*argv)
+        assert rc == 2 and len(err.splitlines()) == 1 and '--baseline' in err, err
+
 def test_cli_gate_exit_codes(saved, tmp_path):
     slower = run_cli(saved/'base.json', saved/'slow.json', '--fail-if-slower', 10)
     assert slower.returncode == 1, slower.stdout + slower.stderr
