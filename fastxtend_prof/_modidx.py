@@ -1319,6 +1319,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'fastxtend_prof.summary.run_bmf': ('summary.html#run_bmf', 'fastxtend_prof/summary.py'),
                                         'fastxtend_prof.summary.run_markdown': ('summary.html#run_markdown', 'fastxtend_prof/summary.py'),
                                         'fastxtend_prof.summary.run_summary': ('summary.html#run_summary', 'fastxtend_prof/summary.py'),
+                                        'fastxtend_prof.summary.step_parent': ('summary.html#step_parent', 'fastxtend_prof/summary.py'),
                                         'fastxtend_prof.summary.verdict_summary': ( 'summary.html#verdict_summary',
                                                                                     'fastxtend_prof/summary.py')},
             'fastxtend_prof.testing': { 'fastxtend_prof.testing.FakeClock': ('testing.html#fakeclock', 'fastxtend_prof/testing.py'),

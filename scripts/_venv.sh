@@ -29,6 +29,7 @@ install_project() {
     "$PY" -m venv "$VENV"
   fi
   rm -f "$STAMP"
+  echo "installing $TORCH_SPEC, fastai and fastxtend_prof[$EXTRAS] into $VENV (when it is new or the project changed: a minute or more)" >&2
   # shellcheck disable=SC2086  # one word per requirement
   quiet_pip install $TORCH_SPEC  # nothing to do (seconds) when the environment has them already
   # Keep that torch: without the constraint, pip may upgrade it to satisfy a newer torchvision that fastai pulls in.
