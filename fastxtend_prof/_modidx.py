@@ -587,6 +587,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                     'fastxtend_prof/live.py'),
                                      'fastxtend_prof.live.LiveColumns.start': ('live.html#livecolumns.start', 'fastxtend_prof/live.py'),
                                      'fastxtend_prof.live.LiveColumns.stop': ('live.html#livecolumns.stop', 'fastxtend_prof/live.py'),
+                                     'fastxtend_prof.live._forget': ('live.html#_forget', 'fastxtend_prof/live.py'),
                                      'fastxtend_prof.live._inward': ('live.html#_inward', 'fastxtend_prof/live.py'),
                                      'fastxtend_prof.live._progress_bar': ('live.html#_progress_bar', 'fastxtend_prof/live.py'),
                                      'fastxtend_prof.live.epoch_values': ('live.html#epoch_values', 'fastxtend_prof/live.py'),

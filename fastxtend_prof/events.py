@@ -27,7 +27,11 @@ def _orig(name):
 def _wants_draw(cb, training:bool) -> bool:
     "Whether fastai would call `cb.before_draw` now, and `cb` wants it"
     if not cb.run or not ((cb.run_train and training) or (cb.run_valid and not training)): return False
-    if 'before_draw' not in cb.__dict__ and getattr(type(cb), 'before_draw', None) is None: return False  # function-style, or a method
+    if getattr(type(cb), 'before_draw', None) is None:  # no method: perhaps a function set on the callback itself
+        # read without `cb.__dict__`, which would turn the instance's inline attributes into a dict for good (Python 3.11+),
+        # and every attribute fastai reads from the callback at every event a dict lookup: +30k instructions a batch
+        try: object.__getattribute__(cb, 'before_draw')
+        except AttributeError: return False
     wants = getattr(type(cb), 'wants_before_draw', None)
     return wants is None or bool(wants(cb))
 

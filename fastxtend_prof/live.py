@@ -86,6 +86,11 @@ def live_cells(values:dict) -> list:
     return [fmt[k].format(v) if v == v else '' for k, v in ((k, values.get(k, math.nan)) for k in LIVE_NAMES)]
 
 # %% ../nbs/28_live.ipynb #8d5aa84d
+def _forget(o, name:str):
+    "Delete the attribute `name` set on `o` itself, if there: without `o.__dict__`, which would turn its inline attributes into a dict for good (Python 3.11+) and every read of them slower"
+    try: delattr(o, name)
+    except AttributeError: pass
+
 def _progress_bar(learn):
     "fastai's `ProgressCallback` attached to `learn` and running, or None (looked up: this module doesn't import fastai's progress bar)"
     prog = sys.modules.get('fastai.callback.progress')
@@ -106,12 +111,12 @@ def live_on(learn, values) -> callable:
     bar = _progress_bar(learn)
     if bar is not None:
         bar._write_stats = extend(bar._write_stats)  # fastai's ProgressCallback writes the header and each epoch's row with it
-        return lambda: bar.__dict__.pop('_write_stats', None)
+        return lambda: _forget(bar, '_write_stats')
     if learn.logger is noop: return noop  # `learn.no_logging()`: nothing is shown
     own = learn.logger
     learn.logger = mine = extend(own, header=True)
     def undo():
-        if learn.__dict__.get('logger') is mine: learn.logger = own
+        if getattr(learn, 'logger', None) is mine: learn.logger = own
     return undo
 
 def _inward(relay, attr):

@@ -182,7 +182,7 @@ class ProfileResult:
     def pin(self, learn, raw:bool=False):
         "Keep this result inside `learn` itself, so that `learn.export()` writes it (every batch's rows too if `raw`); loading that file then needs fastxtend_prof"
         self._raw = raw
-        learn.__dict__['profile_result'] = self
+        learn._fxp_pinned_result = self
         return learn
 
     def __copy__(self):
@@ -210,7 +210,11 @@ _RESULTS = Learner._fxp_results
 
 def _get_result(self):
     r = _RESULTS.get(self)
-    return r if r is not None else self.__dict__.get('profile_result')  # a result pinned into this Learner (loaded from an export)
+    if r is not None: return r
+    # a result pinned into this Learner (loaded from an export): read without `self.__dict__`, which would turn the
+    # Learner's inline attributes into a dict for good (Python 3.11+), and every read of `learn.<attr>` in the loop slower
+    try: return object.__getattribute__(self, '_fxp_pinned_result')
+    except AttributeError: return None
 def _set_result(self, r): _RESULTS[self] = r
 Learner.profile_result = property(_get_result, _set_result, doc='The last profiled fit\'s `ProfileResult` (None before one): kept beside the Learner, not in its pickle')
 
