@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from .recorder import APART, DRAW_STEPS, LOOP_STEPS, Cols, Phase, Step, StepSummary, check_int, check_number, TRAIN_PARTS
 from .report import run_metadata, format_duration, text_table, text_width
-from .saved import (COMPARED, SavedProfile, as_profile, encode_distributions, load_profile, profile_of, stage_place,  # noqa: F401  (the saved run's names, also read from here)
+from .saved import (COMPARED, SavedProfile, result_value, as_profile, encode_distributions, load_profile, profile_of, stage_place,  # noqa: F401  (the saved run's names, also read from here)
                     step_distributions)
 from .advice import Advice, fill_text
 from .features import FEATURES, Feature, Later, register_feature
@@ -77,12 +77,6 @@ HEADLINE = (Phase.TRAIN, Step.ITERATION)  # the row the verdict leads with and t
 COMPARED_SETTINGS = (('batch_size', 'batch size'), ('device', 'device'), ('device_name', 'device model'), ('sync', 'timing mode (sync)'),
                      ('warmup', 'warmup'), ('fastai', 'fastai'), ('torch', 'torch'))  # the metadata that makes two runs incomparable when it differs
 
-def _value(results, phase, step, col:str=Cols.RATE) -> float:
-    "The `col` of (`phase`, `step`) in `results`: NaN where the row or the column is missing"
-    if col not in results: return math.nan
-    r = results[(results.Phase == phase) & (results.Step == step)][col]
-    return float(r.iloc[0]) if len(r) else math.nan
-
 def comparability(base:SavedProfile, new:SavedProfile) -> list:
     "Why `base` and `new` may not be comparable, in words: different settings or versions, too few batches, no per-batch data"
     out = []
@@ -107,9 +101,9 @@ def _row(b:SavedProfile, n:SavedProfile, phase, action, step, alpha, min_change,
         mb, mn = mean(b), mean(n)
         st = {'Base Mean': mb, 'New Mean': mn, CHANGE: 100*(mn/mb - 1) if mb > 0 else math.nan, 'Test': ''}
     sig = bool(st['Test'] and _clear(st[P_VALUE], st[CI_LOW], st[CI_HIGH], alpha) and abs(st[CHANGE]) >= min_change)
-    return dict(Phase=phase, Action=action, Step=step, **st, **{'Base Samples/s': _value(b.results, phase, step),
-                'New Samples/s': _value(n.results, phase, step), 'Significant': sig,
-                **{f'{w} {c}': _value(p.results, phase, step, c) for c in compared_columns() for w, p in (('Base', b), ('New', n))}})
+    return dict(Phase=phase, Action=action, Step=step, **st, **{'Base Samples/s': result_value(b.results, phase, step),
+                'New Samples/s': result_value(n.results, phase, step), 'Significant': sig,
+                **{f'{w} {c}': result_value(p.results, phase, step, c) for c in compared_columns() for w, p in (('Base', b), ('New', n))}})
 
 def _of_iteration(cmp:pd.DataFrame) -> pd.Series:
     "Each row's change of mean in percent of its phase's base iteration mean (NaN where the phase has no iteration row)"

@@ -361,8 +361,8 @@ def regressed(h:History, pct:float, step:str='train/iteration', accepted=()) -> 
 # %% ../nbs/37_history.ipynb #b2e41dac
 def history_figure(h:History):
     "Each train step's mean milliseconds a batch, run by run, with its 95% interval; a dashed line before each change point"
-    from fastxtend_prof.page import _plotly
-    go, _, _ = _plotly()
+    from fastxtend_prof.page import plotly_modules
+    go, _, _ = plotly_modules()
     fig, x, names = go.Figure(), np.arange(1, len(h.runs) + 1), [run_name(r) for r in h.runs]
     for j, s in enumerate(h.series.steps):
         m, e = h.series.mean[:, j]*1e3, 1.96*h.series.se[:, j]*1e3
@@ -375,8 +375,8 @@ def history_figure(h:History):
 
 def history_page(h:History, title:str|None=None) -> str:
     "One self-contained HTML page of `h`: the steps run by run, each run's rate, the change points, the latest run's verdict and the table"
-    from fastxtend_prof.page import _plotly, _figure, _section, _pre, _table, _CSS, _JS, esc
-    go, po, _ = _plotly()
+    from fastxtend_prof.page import plotly_modules, figure_html, section_html, pre_html, table_html, html_page
+    go, po, _ = plotly_modules()
     title = title or f'fastxtend_prof: history of {len(h.runs)} runs'
     t = history_table(h)
     rate = go.Figure(go.Scatter(x=t['#'], y=t['Samples/s'], customdata=t.Run, mode='lines+markers', name='samples/s',
@@ -384,8 +384,7 @@ def history_page(h:History, title:str|None=None) -> str:
     for c in h.changes: rate.add_vline(x=c.at + 0.5, line_dash='dash', line_color='#a40')
     rate.update_layout(height=260, margin=dict(l=60, r=20, t=30, b=40), xaxis_title='run', yaxis_title='samples/s (trained at)')
     words = [change_text(h, c) for c in h.changes] or ['No change point.']
-    body = '\n'.join([_section('steps', 'Each step, run by run', _figure(history_figure(h), 'history-chart') + _pre(words + [latest_text(h)] + h.notes)),
-                      _section('rate', 'The rate each run trained at', _figure(rate, 'rate-chart')),
-                      _section('runs', 'The runs', _table(t.rename(columns={s: f'{s} (Mean Duration)' for s in h.series.steps}), 'history-table'))])
-    return (f'<!DOCTYPE html>\n<html lang="en"><head><meta charset="utf-8"><title>{esc(title)}</title>\n<style>{_CSS}</style>\n'
-            f'<script>{po.get_plotlyjs()}</script>\n<script>{_JS}</script></head>\n<body><h1>{esc(title)}</h1>\n{body}\n</body></html>\n')
+    body = '\n'.join([section_html('steps', 'Each step, run by run', figure_html(history_figure(h), 'history-chart') + pre_html(words + [latest_text(h)] + h.notes)),
+                      section_html('rate', 'The rate each run trained at', figure_html(rate, 'rate-chart')),
+                      section_html('runs', 'The runs', table_html(t.rename(columns={s: f'{s} (Mean Duration)' for s in h.series.steps}), 'history-table'))])
+    return html_page(title, body)

@@ -6,8 +6,9 @@
 __all__ = ['FORMAT', 'VERSION', 'JSON_FORMAT', 'RESULT_COLS', 'KEY_COLS', 'PHASES', 'COMPARED', 'MAX_BYTES', 'MAX_VALUES',
            'MAX_DEPTH', 'MAX_ROWS', 'MAX_COLS', 'MAX_ENTRIES', 'SCHEMA', 'LABEL_ENV', 'SavedProfile',
            'step_distributions', 'profile_of', 'as_profile', 'output_path', 'check_writable', 'atomic_write_text',
-           'encode_distributions', 'table_doc', 'profile_doc', 'save_profile', 'ProfileFileError', 'read_doc',
-           'migrate', 'profile_from_doc', 'load_profile', 'load_json', 'load_profiles', 'stage_place']
+           'encode_distributions', 'result_value', 'jsonable', 'table_doc', 'profile_doc', 'save_profile',
+           'ProfileFileError', 'read_doc', 'migrate', 'profile_from_doc', 'load_profile', 'load_json', 'load_profiles',
+           'stage_place']
 
 # %% ../nbs/36_saved.ipynb #dbeb7b3a
 import base64, binascii, json, math, os, stat, tempfile
@@ -128,11 +129,17 @@ def encode_distributions(dists:dict) -> dict:
         else: out[f'{p}/{s}'] = dict(kind='raw', n=int(len(d)), float32=base64.b64encode(np.asarray(d, '<f4').tobytes()).decode('ascii'))
     return out
 
-def _jsonable(o):
+def result_value(results:pd.DataFrame, phase, step, col:str=Cols.RATE) -> float:
+    "The `col` of the (`phase`, `step`) row of `results` (a run's numeric results): NaN where the row or the column is missing"
+    if col not in results: return math.nan
+    r = results[(results.Phase == str(phase)) & (results.Step == str(step))][col]
+    return float(r.iloc[0]) if len(r) else math.nan
+
+def jsonable(o):
     "`o` as plain JSON: numpy scalars and arrays as numbers and lists, NaN, infinities and missing values as null, anything else unknown as its text"
-    if isinstance(o, dict): return {str(k): _jsonable(v) for k, v in o.items()}
-    if isinstance(o, (list, tuple)): return [_jsonable(v) for v in o]
-    if isinstance(o, np.ndarray): return _jsonable(o.tolist())
+    if isinstance(o, dict): return {str(k): jsonable(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)): return [jsonable(v) for v in o]
+    if isinstance(o, np.ndarray): return jsonable(o.tolist())
     if isinstance(o, np.generic): o = o.item()
     if o is None or isinstance(o, (bool, int, str)): return o
     if isinstance(o, float): return o if math.isfinite(o) else None
@@ -140,13 +147,13 @@ def _jsonable(o):
 
 def table_doc(df:pd.DataFrame) -> dict:
     "`df` as JSON: `{'columns': [...], 'rows': [{column: value}, ...]}`, a missing value as null"
-    return dict(columns=[str(c) for c in df.columns], rows=_jsonable(df.astype(object).where(df.notna(), None).to_dict('records')))
+    return dict(columns=[str(c) for c in df.columns], rows=jsonable(df.astype(object).where(df.notna(), None).to_dict('records')))
 
 def profile_doc(run:SavedProfile) -> dict:
     "The JSON document of `run`, in this version's layout: what `save_profile` writes"
     res = table_doc(run.results)
     words = dict(title=str(run.title), advice=None if run.advice is None else [str(a) for a in run.advice], lines=[str(l) for l in run.lines])
-    return dict(format=JSON_FORMAT, metadata=_jsonable(run.metadata), report=words, columns=res['columns'], results=res['rows'],
+    return dict(format=JSON_FORMAT, metadata=jsonable(run.metadata), report=words, columns=res['columns'], results=res['rows'],
                 distributions=encode_distributions(run.distributions), ranks=None if run.ranks is None else table_doc(run.ranks),
                 tables={str(k): table_doc(v) for k, v in run.tables.items()})
 

@@ -52,8 +52,8 @@ def _check_options(opts:dict, kinds:dict):
     if opts['label'] is not None: _check_name('label', opts['label'], 'a name of at most 200 characters (a commit, a branch), or None')
     if opts['label'] is not None and len(str(opts['label'])) > 200: raise ValueError(f"`label` must be at most 200 characters, got {len(opts['label'])}")
     if opts['html'] is not False:
-        from fastxtend_prof.page import _plotly
-        _plotly()  # an ImportError saying what to install, now rather than after training
+        from fastxtend_prof.page import plotly_modules
+        plotly_modules()  # an ImportError saying what to install, now rather than after training
     check_log_every(opts['log_every'])
     if opts['sync'] not in SYNC_MODES: raise ValueError(f'`sync` must be one of {", ".join(map(repr, SYNC_MODES))}, got {opts["sync"]!r}')
     check_int('warmup', opts['warmup'], 0, 'leading batches per epoch left out of the statistics')

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 from .recorder import DRAW_STEPS, SUB_STEPS, Cols, Phase, Step
 from .report import format_duration
-from .saved import SavedProfile, _jsonable
+from .saved import SavedProfile, jsonable, result_value
 from .history import VERDICTS, History, Verdict, change_text, latest_text, run_name, step_estimate, verdict_text
 from .stats import CHANGE, CI_HIGH, CI_LOW, P_VALUE
 
@@ -24,8 +24,8 @@ GUIDE = Path(str(files('fastxtend_prof')/'guide.md'))  # the usage guide for aut
 
 # %% ../nbs/38_summary.ipynb #128ff693
 def _rate(res:pd.DataFrame, phase, step) -> float|None:
-    r = res[(res.Phase == str(phase)) & (res.Step == str(step))][Cols.RATE]
-    return float(r.iloc[0]) if len(r) and r.iloc[0] == r.iloc[0] else None
+    v = result_value(res, phase, step)
+    return None if v != v else v  # JSON's null, not NaN
 
 def _steps(run:SavedProfile) -> pd.DataFrame:
     "The train phase's rows of the iteration, in the report's order: the iteration, the draw and its parts, the batch and its steps, other"
@@ -57,7 +57,7 @@ def run_summary(run:SavedProfile, cmp:pd.DataFrame|None=None) -> dict:
         out['comparison'] = dict(base=cmp.attrs.get('base'), verdict=cmp.attrs.get('verdict'), steps=[
             dict(step=r.Step, change_pct=r[CHANGE], ci_low_pct=r[CI_LOW], ci_high_pct=r[CI_HIGH], p_value=r[P_VALUE],
                  significant=bool(r.Significant)) for _, r in rows.iterrows()])
-    return _jsonable(out)
+    return jsonable(out)
 
 # %% ../nbs/38_summary.ipynb #5954fcc6
 def _md(v) -> str: return str(v).replace('|', '\\|').replace('\n', ' ')
@@ -115,7 +115,7 @@ def history_summary(h:History, gate:Verdict|None=None) -> dict:
                  steps=dict(zip(h.series.steps, h.series.mean[i]))) for i, r in enumerate(h.runs)]
     changes = [dict(run=c.at + 1, name=run_name(h.runs[c.at]), p_value=c.p, step=c.step, steps=[_change(s, r) for s, r in c.table.iterrows()])
                for c in h.changes]
-    return _jsonable(dict(format=SUMMARY_FORMAT, kind='history', alpha=h.alpha, min_shift_pct=h.min_shift, min_share_pct=h.min_share, runs=runs, changes=changes,
+    return jsonable(dict(format=SUMMARY_FORMAT, kind='history', alpha=h.alpha, min_shift_pct=h.min_shift, min_share_pct=h.min_share, runs=runs, changes=changes,
                           latest=verdict_summary(h, h.latest), gate=verdict_summary(h, gate), notes=h.notes))
 
 def history_markdown(h:History, gate:Verdict|None=None, last:int=10) -> str:
