@@ -40,30 +40,23 @@ void fxp_stop(void) { CALLGRIND_DUMP_STATS; CALLGRIND_STOP_INSTRUMENTATION; }
 '''
 
 CHILD = r'''
-import ctypes, sys, time
+import ctypes, sys
 import torch
 torch.set_num_threads(1)
 config, helper, n_trn, n_val, epochs = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
 cg = ctypes.CDLL(helper)
 if config != 'fastai': import fastxtend_prof.all  # noqa: F401
 from fastai.test_utils import synth_learner
-from fastai.callback.core import Callback
 from fastai.callback.progress import ProgressCallback
 
-def stamp(self): self.t.append(time.perf_counter())
-class Floor(Callback):
-    def __init__(self): self.t = []
-    @property
-    def training(self): return self.learn.training  # else fastai's per-event lookup falls through Learner to the model
-    before_draw = before_batch = after_pred = after_loss = before_backward = after_backward = before_step = after_step = after_batch = stamp
-class FloorPre(Floor): order = -1000
-class FloorPost(Floor): order = 49
+sys.path.insert(0, sys.argv[6])
+from overhead import floor_callbacks  # the floor's two callbacks, as overhead.py times them
 
 learn = synth_learner(n_trn=n_trn, n_val=n_val)
 learn.remove_cb(ProgressCallback)
 
 def fit(counted):
-    if config == 'floor': learn.add_cbs([FloorPre(), FloorPost()])
+    if config == 'floor': learn.add_cbs(floor := floor_callbacks())
     if config == 'profiled': learn.profile(show_report=False, logger_callback=None)
     do_fit = learn._do_fit
     def loop():
@@ -76,7 +69,7 @@ def fit(counted):
         with learn.no_logging(): learn.fit(epochs)
     finally:
         del learn._do_fit
-        if config == 'floor': learn.remove_cbs([cb for cb in learn.cbs if isinstance(cb, Floor)])
+        if config == 'floor': learn.remove_cbs(floor)
 
 fit(False)  # warm up every path: the first fit pays one-off costs (allocator, lazy imports)
 fit(True)
@@ -98,7 +91,7 @@ def count(config:str, package:Path, helper:Path, where:Path) -> float:
     out = where/f'callgrind.{tag}'
     env = dict(os.environ, PYTHONHASHSEED='0', OMP_NUM_THREADS='1', PYTHONPATH=str(package), PYTHONWARNINGS='ignore')
     cmd = ['valgrind', '--tool=callgrind', '--instr-atstart=no', f'--callgrind-out-file={out}.%p',
-           sys.executable, '-c', CHILD, config, str(helper), str(N_TRN), str(N_VAL), str(EPOCHS)]
+           sys.executable, '-c', CHILD, config, str(helper), str(N_TRN), str(N_VAL), str(EPOCHS), str(ROOT/'benchmarks')]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=where, env=env)
     if p.returncode: sys.exit(f'{config} failed under valgrind:\n{p.stderr[-3000:]}')
     dumps = [f for f in where.glob(f'callgrind.{tag}.*') if re.search(r'\.\d+\.\d+$', f.name)]  # the counted loop's dump
