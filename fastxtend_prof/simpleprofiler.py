@@ -125,7 +125,9 @@ class _ProfilerPair(Callback):
         if not (self.run_train and self.run_valid): return  # fastai's own checks are needed: every event the long way
         marks = {ev: s.marker(to) if isinstance(to, str) else s.marker('mark', to) for ev, to in self._marks.items()}
         self._events = {ev: marks.get(ev) or getattr(self, ev, noop) for ev in _cbcore._inner_loop}
-    def _unbind(self): self.__dict__.pop('_events', None)
+    def _unbind(self):
+        try: del self._events  # not `self.__dict__.pop`: that would turn the instance's inline attributes into a dict for good
+        except AttributeError: pass
     def __call__(self, event_name):
         "fastai's dispatch to this callback: while recording, a per-batch event is one lookup in `_events` and its handler"
         f = self._events.get(event_name)
