@@ -222,6 +222,9 @@ def test_the_guide_ships_and_names_every_command():
     p = cli('guide')
     assert p.returncode == 0 and p.stdout.startswith('# fastxtend_prof for automated readers')
     for cmd in ('compare', 'report', 'history', 'guide', 'Exit codes', 'fastxtend_prof.summary/2', 'latency', LABEL_ENV, '--accept'): assert cmd in p.stdout, cmd
+    for cmd in ('--fail-on-regression', '--baseline', '--format html', 'parent'): assert cmd in p.stdout, cmd   # one vocabulary
+    long = [l for l in p.stdout.splitlines() if len(l) > 120]   # read in a terminal: ten lines ran past 120 characters (tables)
+    assert not long, long
 
 # --------------------------------------------------------------------------------------------- real profiled fits
 class Sleepy(nn.Module):
