@@ -1434,6 +1434,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'fastxtend_prof.trace.TraceWindow.step': ('trace.html#tracewindow.step', 'fastxtend_prof/trace.py'),
                                       'fastxtend_prof.trace._anti_patterns': ('trace.html#_anti_patterns', 'fastxtend_prof/trace.py'),
                                       'fastxtend_prof.trace._op_tables': ('trace.html#_op_tables', 'fastxtend_prof/trace.py'),
+                                      'fastxtend_prof.trace._quiet_kineto': ('trace.html#_quiet_kineto', 'fastxtend_prof/trace.py'),
                                       'fastxtend_prof.trace.in_library': ('trace.html#in_library', 'fastxtend_prof/trace.py'),
                                       'fastxtend_prof.trace.tidy_advice': ('trace.html#tidy_advice', 'fastxtend_prof/trace.py'),
                                       'fastxtend_prof.trace.trace_config': ('trace.html#trace_config', 'fastxtend_prof/trace.py'),

@@ -141,6 +141,19 @@ def _anti_patterns(prof) -> list:
         return tidy_advice(json.loads(p.read_text()) if p.exists() else {})
 
 # %% ../nbs/04_trace.ipynb #bb12fadc
+def _quiet_kineto():
+    """Around torch.profiler's first start: on a machine without a CUDA device, kineto (which reads `KINETO_LOG_LEVEL`
+    once, as it starts) is told to keep its `ERROR: ... gpuGetDeviceCount failed` line to itself, which there misleads.
+    The user's own setting stands; the environment is as it was once the profiler has started"""
+    import contextlib
+    if torch.cuda.is_available() or 'KINETO_LOG_LEVEL' in os.environ: return contextlib.nullcontext()
+    @contextlib.contextmanager
+    def quiet():
+        os.environ['KINETO_LOG_LEVEL'] = '5'  # errors and warnings left out (STAGE lines and profiler_start stay)
+        try: yield
+        finally: os.environ.pop('KINETO_LOG_LEVEL', None)
+    return quiet()
+
 class TraceWindow:
     "Runs `torch.profiler` over train batches `wait+warmup` to `wait+warmup+active-1` and writes a chrome trace to `path`"
     def __init__(self,
@@ -189,7 +202,7 @@ class TraceWindow:
             acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
             self.prof = torch.profiler.profile(activities=acts, schedule=lambda _: self.action(self._k), on_trace_ready=self._on_ready,
                                                record_shapes=self.record_shapes, with_stack=self.with_stack)
-            self.prof.start()
+            with _quiet_kineto(): self.prof.start()
         else: self.prof.step()
         if self._ready: self._stop()  # the window is over: no more profiler overhead in this fit
 
