@@ -250,7 +250,6 @@ def straggler_rank(result, ctx:dict) -> list:
     if isinstance(table, pd.DataFrame): return arrival_advice(table)
     ranks = getattr(result, 'rank_results', None)
     return straggler_advice(ranks) if ranks is not None else []
-straggler_rank.covers = ()
 
 # %% ../nbs/16_arrivals.ipynb #7d728a23
 def drop_waiting(advice:list, table:pd.DataFrame|None, results:pd.DataFrame, rank:int=0) -> list:

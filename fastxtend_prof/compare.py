@@ -220,7 +220,6 @@ def baseline(result, ctx:dict) -> list:
     "The rule of the `Baseline` feature: `baseline_advice` on the fit's comparison with its baseline"
     cmp = getattr(result, 'baseline', None)
     return baseline_advice(cmp) if cmp is not None else []
-baseline.covers = ()
 
 @register_feature
 class Baseline(Feature):

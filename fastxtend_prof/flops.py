@@ -747,7 +747,6 @@ def low_mfu(result, ctx:dict) -> list:
     else: tip = ('Give the device more work per operation: mixed precision (`learn.to_fp16()`), `channels_last` for convolutions, a larger batch; '
                  'small layers and elementwise work (not counted as FLOPs) keep MFU low however fast the device.')
     return [Advice('low_mfu', 'info', ev, tip, verdict)]
-low_mfu.covers = ()
 
 # %% ../nbs/18_flops.ipynb #495f2c7f
 def _peak_check(prof:FlopProfile, rec) -> FlopProfile:

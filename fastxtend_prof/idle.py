@@ -317,7 +317,6 @@ def gpu_idle(result, ctx:dict) -> list:
         return [Advice('gpu_idle', 'warning', ev, tip, verdict)]
     verdict = f'The GPU waits {ms(top.Idle)} a batch while the host {_DOING[top.Cause]}, {top.Share:.0%} of the train iteration; {without}.'
     return [Advice('gpu_idle', 'warning' if top.Share >= 0.2 else 'info', ev, _TIPS[top.Cause] + '.', verdict)]
-gpu_idle.covers = ()
 
 # %% ../nbs/40_idle.ipynb #53e48b67
 @register_feature

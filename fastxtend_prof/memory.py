@@ -316,7 +316,6 @@ def memory_headroom(result, ctx:dict) -> list:
            f'{format_bytes(est["resident"])} held between batches, and all of the {format_bytes(est["per_batch"])} a batch adds at the peak '
            f'taken to grow with its size, up to {MEMORY_TARGET:.0%} of the device: try it once before a long run.')
     return [Advice('memory_headroom', 'info', ev, tip, verdict)]
-memory_near_capacity.covers = memory_headroom.covers = ()
 
 # %% ../nbs/14_memory.ipynb #dfd6e858
 MEMORY_OPTIONS = (True, False, 'auto')

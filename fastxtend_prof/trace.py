@@ -350,7 +350,6 @@ def trace_findings(result, ctx:dict) -> list:
     "The rule of the `Trace` feature: torch's anti-pattern findings in its window, in fastai terms (`tidy_advice`)"
     t = getattr(result, 'trace', None)
     return list((t or {}).get('anti_patterns', ()))
-trace_findings.covers = ()
 
 @register_feature
 class Trace(Feature):
