@@ -18,7 +18,7 @@ from .recorder import (Cols, Phase, Step, BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED,
 from .report import format_duration, results_frame
 from .advice import Advice
 from .features import Feature, register_feature
-from .distributed import default_store, dist_info, straggler_advice, straggler_tip, wait_count
+from .distributed import data_parallel, default_store, straggler_advice, straggler_tip, wait_count
 
 # %% ../nbs/16_arrivals.ipynb #ff3fe903
 OFFSET_ROUNDS = 20  # barriers in the measurement of the ranks' clock offsets
@@ -355,17 +355,12 @@ class ArrivalWatch(Relay):
         return rank_arrivals(self.rec.device[Phase.TRAIN], self.rec.warmup, hand, shift, self.offset, self.accuracy, self.note, self.ddp)
 
 # %% ../nbs/16_arrivals.ipynb #b5b20289
-def _data_parallel() -> bool:
-    "Whether this process is one of several ranks of an initialised process group"
-    init, _, world = dist_info()
-    return init and world > 1
-
 @register_feature
 class Arrivals(Feature):
     "On the ranks of a process group: when each rank reaches the gradient all-reduce (a DDP communication hook) and the other points where the ranks meet, the rank the others wait for, and where"
     name, default, order, shares, rules = 'arrivals', True, 30, True, (straggler_rank,)
     def relay(self, to, learn):
-        if not _data_parallel(): self.why = 'not a data-parallel fit'; return None
+        if not data_parallel(): self.why = 'not a data-parallel fit'; return None
         return ArrivalWatch(to, learn)
     def finish(self, learn, watch): return None if watch is None else watch.record()
     def merge(self, payloads:dict): return arrival_table(payloads)

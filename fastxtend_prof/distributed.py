@@ -4,9 +4,9 @@
 
 # %% auto #0
 __all__ = ['RANK_COLS', 'STRAGGLER_RATIO', 'STRAGGLER_MIN_EXCESS', 'STRAGGLER_CRITICAL', 'SYNC_STEPS', 'STRAGGLER_TIPS',
-           'STRAGGLER_COMPUTE', 'GATHER_TIMEOUT', 'GATHER_KEY', 'dist_info', 'rank_table', 'merge_ranks',
-           'format_merged', 'straggler_tip', 'straggler_advice', 'GatherResult', 'default_store', 'wait_count',
-           'gather_profile']
+           'STRAGGLER_COMPUTE', 'GATHER_TIMEOUT', 'GATHER_KEY', 'dist_info', 'data_parallel', 'rank_table',
+           'merge_ranks', 'format_merged', 'straggler_tip', 'straggler_advice', 'GatherResult', 'default_store',
+           'wait_count', 'gather_profile']
 
 # %% ../nbs/05_distributed.ipynb #6d0456cf
 import itertools, math, os, pickle, time, warnings
@@ -22,6 +22,11 @@ def dist_info() -> tuple:
     "`(initialized, rank, world_size)` of `torch.distributed`; when it is not initialized, fastai's convention: `RANK` and `WORLD_SIZE`, default `(False, 0, 1)`"
     if not (dist.is_available() and dist.is_initialized()): return False, int(os.environ.get('RANK', 0)), int(os.environ.get('WORLD_SIZE', 1))
     return True, dist.get_rank(), dist.get_world_size()
+
+def data_parallel() -> bool:
+    "Whether this process is one of several ranks of an initialised process group"
+    init, _, world = dist_info()
+    return init and world > 1
 
 # %% ../nbs/05_distributed.ipynb #898ad33c
 def _check_results(df, name:str, extra=()):

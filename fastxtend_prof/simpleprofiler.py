@@ -28,7 +28,6 @@ from .plots import save_plots
 from .advice import show_advice
 from .features import FEATURES, choose_features, unknown_options
 from .result import ProfileResult, fit_result
-from .distributed import dist_info
 from .loggers import LoggerHub, check_logger_callback, check_log_every, fix_fastai_wandb
 from . import memory, flops, trace, arrivals, stages, live, compare, idle, hardware  # noqa: F401 (imported for what importing does: each registers its feature in `features.FEATURES`)
 
@@ -163,11 +162,6 @@ def _in_lr_find(learn) -> bool:
     return sched is not None and any(isinstance(cb, sched.LRFinder) for cb in learn.cbs)
 
 # %% ../nbs/09_simpleprofiler.ipynb #4bb194aa
-def _data_parallel() -> bool:
-    "Whether this process is one of several ranks of an initialised process group"
-    init, _, world = dist_info()
-    return init and world > 1
-
 class SimpleProfilerCallback(_ProfilerPair):
     "Profiles a fit with `SimpleProfilerPostCallback`; `show_report`, `save_csv` to `csv_name` after fit; features by name (`flops=True`)"
     order,remove_on_fetch = -1000,True

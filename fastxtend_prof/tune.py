@@ -29,7 +29,8 @@ from .report import format_duration, text_table, text_width
 from .compare import compare_profiles, ALPHA, MIN_CHANGE, CONFIDENCE
 from .saved import profile_of
 from .defaults import ASKED  # ('mixed_precision', 'batch_size', 'resize_on_batch'): the fixes that change the numerics or the training, tried only when allowed; there for the command line's parser
-from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, _data_parallel
+from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback
+from .distributed import data_parallel
 from .rules import REMEDIES, torch_optimizer, _loader_settings
 from .events import train_device
 from .plots import new_axes, save_figure
@@ -754,7 +755,7 @@ def speed_find(self:Learner,
     for name, path in (('save', save), ('record', record)):
         if path is not None and not Path(path).parent.is_dir(): raise ValueError(f'`{name}`: the folder of {str(path)!r} does not exist')
     if events._WATCH.get(self): raise RuntimeError('`speed_find` was called inside a fit: call it between fits')
-    if _data_parallel(): raise RuntimeError('`speed_find` tunes one process: run it before launching the data-parallel job')
+    if data_parallel(): raise RuntimeError('`speed_find` tunes one process: run it before launching the data-parallel job')
     n = len(self.dls.train)
     if n <= warmup: raise ValueError(f'the train loader has {n} batches, not more than `warmup` ({warmup}): lower `warmup`')
     say = print if show else (lambda *a, **k: None)
