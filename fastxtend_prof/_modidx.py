@@ -949,6 +949,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'fastxtend_prof.report._n_batches': ('report.html#_n_batches', 'fastxtend_prof/report.py'),
                                        'fastxtend_prof.report._version': ('report.html#_version', 'fastxtend_prof/report.py'),
                                        'fastxtend_prof.report.format_duration': ('report.html#format_duration', 'fastxtend_prof/report.py'),
+                                       'fastxtend_prof.report.format_pct': ('report.html#format_pct', 'fastxtend_prof/report.py'),
                                        'fastxtend_prof.report.format_report': ('report.html#format_report', 'fastxtend_prof/report.py'),
                                        'fastxtend_prof.report.report_html': ('report.html#report_html', 'fastxtend_prof/report.py'),
                                        'fastxtend_prof.report.report_markdown': ('report.html#report_markdown', 'fastxtend_prof/report.py'),

@@ -13,7 +13,7 @@ import math
 from pathlib import Path
 import numpy as np, pandas as pd
 from .recorder import APART, DRAW_STEPS, LOOP_STEPS, Cols, Phase, Step, StepSummary, check_int, check_number, TRAIN_PARTS
-from .report import run_metadata, format_duration, text_table, text_width
+from .report import run_metadata, format_duration, format_pct, text_table, text_width
 from .saved import (COMPARED, SavedProfile, result_value, as_profile, encode_distributions, load_profile, profile_of, stage_place,  # noqa: F401  (the saved run's names, also read from here)
                     step_distributions)
 from .advice import Advice, fill_text
@@ -146,7 +146,7 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
     return out
 
 # %% ../nbs/08_compare.ipynb #a0a98468
-def _pct(x:float) -> str: return f'{x:+.0f}%'.replace('-', '−')
+def _pct(x:float) -> str: return format_pct(x, 0, signed=True)
 def throughput(ratio:float) -> str:
     "A ratio of throughputs, new over base, as people say it: '2.13×', '0.84×', '12×'"
     return f'{ratio:.2f}×' if ratio < 10 else f'{ratio:.0f}×'

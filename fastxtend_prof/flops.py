@@ -21,7 +21,7 @@ from torch.utils._pytree import tree_flatten, tree_map_only
 from torch.utils.flop_counter import flop_registry
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily  # loaded by `import torch` already
 from .recorder import Cols, AFTER_PRED, FLAGS, NO_BACKWARD, SAMPLES, TRACED, Phase, Relay, Step
-from .report import text_width
+from .report import format_pct, text_width
 from .advice import Advice, fill_text
 from .events import train_device
 from .features import Feature, register_feature
@@ -673,7 +673,7 @@ def counting_note(prof:FlopProfile) -> str:
     return (f"FLOPs counted with torch's formulas (FlopCounterMode's: matmuls, convolutions, attention) on {shapes} train batch shape(s), "
             f'{how}{apart}')
 
-def _pct(x:float) -> str: return '' if x != x else f'{x:.1%}'
+def _pct(x:float) -> str: return format_pct(100*x)  # `x` a fraction
 
 SHOW_MFU = 0.01  # the whole block when a step reaches this share of the peak; under it, one line
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from scipy import stats as sps
 from .recorder import DRAW_STEPS, Cols, Phase, Step, TRAIN_PARTS
-from .report import format_duration, text_table, text_width
+from .report import format_duration, format_pct, text_table, text_width
 from .saved import SavedProfile, as_profile, load_profiles
 from .stats import (BLOCK, CHANGE, CI_HIGH, CI_LOW, P_VALUE, Estimate, adjusted_p, compare, estimate, level, null_max,  # noqa: F401  (BLOCK: read from here too)
     scan as _scan, segment)
@@ -304,7 +304,7 @@ def history_table(h:History) -> pd.DataFrame:
                         'Change': ['▶' if i in starts else '' for i in range(len(h.runs))]})
     return pd.concat([out, pd.DataFrame(h.series.mean, columns=h.series.steps)], axis=1)
 
-def _pct(v:float) -> str: return f'{v:+.1f}%'.replace('-', '−')
+def _pct(v:float) -> str: return format_pct(v, 1, signed=True)
 
 def _ms(v:float) -> str: return ('+' if v >= 0 else '−') + format_duration(abs(v))
 
