@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['FORMAT', 'VERSION', 'JSON_FORMAT', 'RESULT_COLS', 'KEY_COLS', 'PHASES', 'COMPARED', 'MAX_BYTES', 'MAX_VALUES',
-           'MAX_DEPTH', 'MAX_ROWS', 'MAX_COLS', 'MAX_ENTRIES', 'SCHEMA', 'LABEL_ENV', 'SavedProfile',
+           'MAX_DEPTH', 'MAX_ROWS', 'MAX_COLS', 'MAX_ENTRIES', 'SCHEMA', 'MAX_NAME', 'LABEL_ENV', 'SavedProfile',
            'step_distributions', 'profile_of', 'as_profile', 'output_path', 'check_writable', 'atomic_write_text',
            'encode_distributions', 'result_value', 'jsonable', 'table_doc', 'profile_doc', 'save_profile',
            'ProfileFileError', 'read_doc', 'migrate', 'profile_from_doc', 'load_profile', 'load_json', 'load_profiles',
@@ -30,6 +30,7 @@ MAX_BYTES = 256*2**20  # the largest file read: every step's durations of a mill
 MAX_VALUES = 2_000_000  # the most values (commas and brackets, counted before parsing) a file may hold: a run's durations are text, and 1,024 ranks' results about 600,000
 MAX_DEPTH, MAX_ROWS, MAX_COLS, MAX_ENTRIES = 32, 100_000, 1_000, 1_000  # metadata's nesting; a table's rows and columns; the distributions
 SCHEMA = Path(str(files('fastxtend_prof')/'run.schema.json'))  # this version's file as a JSON Schema, shipped with the package
+MAX_NAME = 200  # characters of a name in a run: its label, a key of its metadata or rows, a table's name
 LABEL_ENV = 'FASTXTEND_PROF_LABEL'  # the environment variable CI sets (to the commit, say): each run's `label` where `learn.profile(label=...)` gives none
 
 # %% ../nbs/36_saved.ipynb #35152413
@@ -237,10 +238,10 @@ def _number(v, lo:float=-math.inf, whole:bool=False) -> bool:
 
 def _at(where:str, key:str) -> str: return f'{where}[{key!r}]' if where else key
 
-def _text(v, most:int=200) -> bool: return isinstance(v, str) and 0 < len(v) <= most
+def _text(v, most:int=MAX_NAME) -> bool: return isinstance(v, str) and 0 < len(v) <= most
 def _scalar(v) -> bool: return v is None or isinstance(v, (str, bool)) or _number(v)
 
-_CELLS = {'key': (lambda v: _text(v), 'a name (a string of 1 to 200 characters)'),
+_CELLS = {'key': (lambda v: _text(v), f'a name (a string of 1 to {MAX_NAME} characters)'),
           'count': (lambda v: _number(v, 0, whole=True), 'a whole number from 0 to 2**53'),
           'stat': (lambda v: v is None or _number(v, 0), 'a number >= 0 or null'),
           'number': (lambda v: v is None or _number(v), 'a number or null'),
@@ -391,7 +392,7 @@ def profile_from_doc(doc, source:str='') -> SavedProfile:
     title, advice, lines = c.words(doc['report'])
     tables = {}
     for k, t in c.obj(doc.get('tables', {}), 'tables').items():
-        c.need(_text(k), 'tables', 'table names of 1 to 200 characters', k)
+        c.need(_text(k), 'tables', f'table names of 1 to {MAX_NAME} characters', k)
         tables[k] = c.table(c.obj(t, _at('tables', k)), _at('tables', k))
     ranks = doc.get('ranks')
     if ranks is not None: ranks = c.results(c.obj(ranks, 'ranks'), 'ranks', (*RESULT_COLS, 'Rank'), 'columns', 'rows')

@@ -23,7 +23,7 @@ from . import events
 from .recorder import (AFTER_LOSS, AFTER_PRED, AFTER_STEP, BEFORE_BACKWARD, BEFORE_STEP, MARKS, NO_BACKWARD, NO_STEP,
     PRE_AFTER_BATCH, SYNC_MODES, Phase, Relay, Step, TimingRecorder, check_int, make_recorder)
 from .report import save_results, show_report
-from .saved import LABEL_ENV, check_writable, output_path, save_profile
+from .saved import LABEL_ENV, MAX_NAME, check_writable, output_path, save_profile
 from .plots import save_plots
 from .advice import show_advice
 from .features import FEATURES, choose_features, unknown_options
@@ -48,8 +48,8 @@ def _check_options(opts:dict, kinds:dict):
     _check_name('csv_name', opts['csv_name'])
     for n in ('save_csv', 'save_json', 'plot', 'html'):
         if not isinstance(opts[n], bool): _check_name(n, opts[n], 'True, False, or the file name to write')
-    if opts['label'] is not None: _check_name('label', opts['label'], 'a name of at most 200 characters (a commit, a branch), or None')
-    if opts['label'] is not None and len(str(opts['label'])) > 200: raise ValueError(f"`label` must be at most 200 characters, got {len(opts['label'])}")
+    if opts['label'] is not None: _check_name('label', opts['label'], f'a name of at most {MAX_NAME} characters (a commit, a branch), or None')
+    if opts['label'] is not None and len(str(opts['label'])) > MAX_NAME: raise ValueError(f"`label` must be at most {MAX_NAME} characters, got {len(opts['label'])}")
     if opts['html'] is not False:
         from fastxtend_prof.page import plotly_modules
         plotly_modules()  # an ImportError saying what to install, now rather than after training
