@@ -7,14 +7,31 @@ def run(*args, cwd):
     return subprocess.run([sys.executable, '-m', 'fastxtend_prof', *map(str, args)], capture_output=True, text=True, timeout=300,
                           cwd=cwd, env=dict(os.environ, PYTHONWARNINGS='ignore', MPLBACKEND='Agg'))
 
-def test_demo_writes_csv_and_chart(tmp_path):
-    p = run('demo', '--epochs', '1', '--num-workers', '0', '--device', 'cpu', '--no-progress', '--csv', 'out/res.csv', '--plot', 'out/chart.png', cwd=tmp_path)  # `out` made
+def test_one_demo_run_writes_its_files_and_prints_each_epoch(tmp_path):
+    """One demo run (each costs a training: one run checks what four did): the demo's options given before `demo` apply,
+    as after it; `--csv out/` (a path ending in '/') is a folder for the default name and `--plot new/chart.png` makes its
+    folder; files get the umask's permissions, as open() gives; where each went is said once, under
+    the report; `--no-progress` prints each epoch as named, rounded values, never fastai's raw recorder list; on the CPU,
+    host timing and no sync note"""
+    (tmp_path/'out').mkdir()
+    p = run('--epochs', '1', '--num-workers', '0', '--device', 'cpu', '--no-progress', '--csv', 'out/', '--plot', 'new/chart.png', 'demo',
+            cwd=tmp_path)
     assert p.returncode == 0, p.stderr[-3000:]
-    assert 'Simple Profiler report' in p.stdout and "sync='" not in p.stdout   # on the CPU: host timing, no sync note
-    res = pd.read_csv(tmp_path/'out'/'res.csv')
+    assert 'Simple Profiler report' in p.stdout and "sync='" not in p.stdout
+    csv, png = tmp_path/'out'/'simple_profile.csv', tmp_path/'new'/'chart.png'   # `new` made
+    res = pd.read_csv(csv)
     assert {'draw', 'forward', 'backward', 'opt_step'} <= set(res.Step)
-    png = (tmp_path/'out'/'chart.png').read_bytes()
-    assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 5000
+    assert res[(res.Phase == 'fit') & (res.Step == 'epoch')]['Number of Calls'].item() == 1   # --epochs 1, given before `demo`
+    assert png.read_bytes()[:8] == b'\x89PNG\r\n\x1a\n' and png.stat().st_size > 5000
+    umask = os.umask(0o22); os.umask(umask)
+    assert {f.stat().st_mode & 0o777 for f in (csv, png)} == {0o666 & ~umask}
+    assert f'results to {csv}' in p.stdout and f'chart to {png}' in p.stdout
+    lines = p.stdout.splitlines()
+    assert not [l for l in lines if re.match(r'\[\d+, ', l)], p.stdout   # fastai's raw list; the advice's '[warning]' lines may start with '['
+    epochs = [l for l in lines if l.startswith('epoch ')]
+    num = r'\d+\.?\d*(e-\d+)?'
+    assert len(epochs) == 1 and re.fullmatch(rf'epoch 1/1  train_loss {num}  valid_loss {num}  accuracy {num}  time \d\d:\d\d', epochs[0]), p.stdout
+    assert lines.index(epochs[-1]) < next(i for i, l in enumerate(lines) if 'Simple Profiler report' in l)  # epochs, then the report
 
 def test_bad_option_exits_2(tmp_path):
     bad = [['demo', '--epochs', '0'], ['demo', '--sync', 'gpu'], ['demo', '--bs', 'many'], ['demo', '--no-such-option'],
@@ -92,47 +109,16 @@ def test_a_path_that_cannot_be_written_is_refused_before_training(tmp_path, args
     assert sorted(x.name for x in tmp_path.iterdir()) == ['f'] and p.stdout == ''
 
 def test_outputs_make_their_folders(tmp_path):
-    "Every output option takes a path and makes its missing folders, as `learn.profile`'s files do (the demo's: `test_demo_writes_csv_and_chart`)"
+    "Every output option takes a path and makes its missing folders, as `learn.profile`'s files do (the demo's: `test_one_demo_run_writes_its_files_and_prints_each_epoch`)"
     run_json = Path(__file__).parent/'data'/'v2_stages.json'
     p = run('report', run_json, '-o', 'pages/new/run.html', cwd=tmp_path)
     assert p.returncode == 0 and (tmp_path/'pages'/'new'/'run.html').is_file(), p.stderr
     p = run('compare', run_json, run_json, '--plot', 'charts/cmp.png', cwd=tmp_path)
     assert p.returncode == 0 and (tmp_path/'charts'/'cmp.png').read_bytes()[:4] == b'\x89PNG', p.stderr
 
-def test_folder_outputs_and_file_modes_follow_the_umask(tmp_path):
-    "A path ending in '/' is a folder for the default file name; files get the umask's permissions, as open() gives"
-    (tmp_path/'out').mkdir()
-    p = run('demo', '--epochs', '1', '--num-workers', '0', '--device', 'cpu', '--no-progress', '--csv', 'out/', '--plot', 'out/',
-            cwd=tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
-    csv, png = tmp_path/'out'/'simple_profile.csv', tmp_path/'out'/'simple_profile.png'
-    assert csv.is_file() and png.is_file()
-    umask = os.umask(0o22); os.umask(umask)
-    assert {f.stat().st_mode & 0o777 for f in (csv, png)} == {0o666 & ~umask}
-    assert f'results to {csv}' in p.stdout and f'chart to {png}' in p.stdout   # said once, under the report
-
 def test_bad_number_message_names_what_is_allowed(tmp_path):
     p = run('demo', '--bs', 'abc', cwd=tmp_path)
     assert p.returncode == 2 and p.stderr.strip().splitlines()[-1].endswith("argument --bs: must be a positive integer, got 'abc'"), p.stderr
-
-def test_options_before_the_subcommand_apply(tmp_path):
-    "`fastxtend-prof --epochs 1 ... demo` trains one epoch, as `fastxtend-prof demo --epochs 1 ...` does"
-    p = run('--epochs', '1', '--num-workers', '0', '--device', 'cpu', '--no-progress', '--csv', 'r.csv', 'demo', cwd=tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
-    res = pd.read_csv(tmp_path/'r.csv')
-    assert res[(res.Phase == 'fit') & (res.Step == 'epoch')]['Number of Calls'].item() == 1
-
-def test_no_progress_prints_one_readable_line_per_epoch(tmp_path):
-    "`--no-progress` prints each epoch as named, rounded values, never fastai's raw recorder list"
-    p = run('demo', '--epochs', '2', '--num-workers', '0', '--device', 'cpu', '--no-progress', cwd=tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
-    lines = p.stdout.splitlines()
-    assert not [l for l in lines if re.match(r'\[\d+, ', l)], p.stdout   # fastai's raw list; the advice's '[warning]' lines may start with '['
-    epochs = [l for l in lines if l.startswith('epoch ')]
-    assert [l.split()[1] for l in epochs] == ['1/2', '2/2'], p.stdout
-    num = r'\d+\.?\d*(e-\d+)?'
-    for l in epochs: assert re.fullmatch(rf'epoch \d/2  train_loss {num}  valid_loss {num}  accuracy {num}  time \d\d:\d\d', l), l
-    assert lines.index(epochs[-1]) < next(i for i, l in enumerate(lines) if 'Simple Profiler report' in l)  # epochs, then the report
 
 def test_help_says_what_no_progress_prints(tmp_path):
     p = run('demo', '--help', cwd=tmp_path)
