@@ -917,6 +917,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                          'fastxtend_prof.recorder.check_int': ('recorder.html#check_int', 'fastxtend_prof/recorder.py'),
                                          'fastxtend_prof.recorder.check_number': ( 'recorder.html#check_number',
                                                                                    'fastxtend_prof/recorder.py'),
+                                         'fastxtend_prof.recorder.check_sync': ('recorder.html#check_sync', 'fastxtend_prof/recorder.py'),
                                          'fastxtend_prof.recorder.device_view': ('recorder.html#device_view', 'fastxtend_prof/recorder.py'),
                                          'fastxtend_prof.recorder.draw_sources': ( 'recorder.html#draw_sources',
                                                                                    'fastxtend_prof/recorder.py'),

@@ -10,7 +10,7 @@ __all__ = ['BEFORE_DRAW', 'BEFORE_BATCH', 'AFTER_PRED', 'AFTER_LOSS', 'BEFORE_BA
            'ITERATION_STEPS', 'TRAIN_PARTS', 'MARKS', 'STAT_COLS', 'BINS_PER_DECADE', 'EDGES', 'SYNC_MODES', 'Phase',
            'Step', 'BatchTable', 'SyncClock', 'Relay', 'is_set', 'draw_sources', 'TimingRecorder', 'traced_rows',
            'phase_intervals', 'Cols', 'stats', 'StepSummary', 'fold', 'empty_runs', 'summarize', 'TorchEventTimer',
-           'EventRecorder', 'device_view', 'make_recorder', 'check_int', 'check_number']
+           'EventRecorder', 'device_view', 'check_sync', 'make_recorder', 'check_int', 'check_number']
 
 # %% ../nbs/00_recorder.ipynb #23875a1a
 import math, time
@@ -705,9 +705,13 @@ def device_view(rec:EventRecorder):
 # %% ../nbs/00_recorder.ipynb #01ddf95e
 SYNC_MODES = ('auto', 'none', 'device', 'events')
 
+def check_sync(sync):
+    "Raise a ValueError naming the choices unless `sync` is one of `SYNC_MODES`"
+    if sync not in SYNC_MODES: raise ValueError(f'`sync` must be one of {", ".join(map(repr, SYNC_MODES))}, got {sync!r}')
+
 def make_recorder(sync:str='auto', device=None, warmup:int=1, keep_raw:bool=True, timer=None, sync_fn=None, clock:Callable[[], float]=time.perf_counter):
     "A recorder timing a model on `device` per `sync` (one of `SYNC_MODES`) with the host `clock`; returns `(recorder, mode used, note)`"
-    if sync not in SYNC_MODES: raise ValueError(f'`sync` must be one of {SYNC_MODES}, got {sync!r}')
+    check_sync(sync)
     kind = getattr(device, 'type', str(device or 'cpu').split(':')[0])
     accel = kind not in ('cpu', 'meta') or timer is not None or sync_fn is not None
     mode = ('events' if accel else 'none') if sync == 'auto' else sync

@@ -21,7 +21,7 @@ from fastcore.xtras import modify_exception
 from fastai.torch_core import find_bs
 from . import events
 from .recorder import (AFTER_LOSS, AFTER_PRED, AFTER_STEP, BEFORE_BACKWARD, BEFORE_STEP, MARKS, NO_BACKWARD, NO_STEP,
-    PRE_AFTER_BATCH, SYNC_MODES, Phase, Relay, Step, TimingRecorder, check_int, make_recorder)
+    PRE_AFTER_BATCH, Phase, Relay, Step, TimingRecorder, check_int, check_sync, make_recorder)
 from .report import save_results, show_report
 from .saved import LABEL_ENV, MAX_NAME, check_writable, output_path, save_profile
 from .plots import save_plots
@@ -54,7 +54,7 @@ def _check_options(opts:dict, kinds:dict):
         from fastxtend_prof.page import plotly_modules
         plotly_modules()  # an ImportError saying what to install, now rather than after training
     check_log_every(opts['log_every'])
-    if opts['sync'] not in SYNC_MODES: raise ValueError(f'`sync` must be one of {", ".join(map(repr, SYNC_MODES))}, got {opts["sync"]!r}')
+    check_sync(opts['sync'])
     check_int('warmup', opts['warmup'], 0, 'leading batches per epoch left out of the statistics')
 
 def _check_moved(options:dict):

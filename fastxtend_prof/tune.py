@@ -24,7 +24,7 @@ from fastcore.foundation import L
 from fastai.learner import Learner
 from fastai.callback.core import Callback, CancelFitException, CancelValidException
 from . import events
-from .recorder import Cols, Phase, Step, check_int, check_number, SYNC_MODES
+from .recorder import Cols, Phase, Step, check_int, check_number, check_sync
 from .report import format_duration, text_table, text_width
 from .compare import compare_profiles, ALPHA, MIN_CHANGE, CONFIDENCE
 from .saved import profile_of
@@ -665,7 +665,7 @@ def _check_find(max_time, max_batches, batches, warmup, allow, sync, alpha, min_
     allow = (allow,) if isinstance(allow, str) else tuple(allow)
     bad = [a for a in allow if a not in ASKED]
     if bad: raise ValueError(f'`allow` takes {", ".join(map(repr, ASKED))}; got {", ".join(map(repr, bad))}')
-    if sync not in SYNC_MODES: raise ValueError(f'`sync` must be one of {", ".join(map(repr, SYNC_MODES))}, got {sync!r}')
+    check_sync(sync)
     check_number('alpha', alpha, 0, 1, open_lo=True); check_number('min_change', min_change, why='percent')
     return allow
 
