@@ -238,7 +238,7 @@ def patched() -> list:
            '`Learner.all_batches`: fastai\'s loop, or the one that emits `before_draw` when a callback listens',
            '`Learner.added_cbs`: fastai\'s, inside the fit watch' if Learner.added_cbs is not _orig('added_cbs') else '`Learner.fit`: fastai\'s, inside the fit watch',
            f'`Learner.__getattr__`: fastai\'s lookup, and what {len(SAID)} names say when they fail']
-    if getattr(Learner.__dict__.get('fit'), '_fxp_autorun', False): out.append('`Learner.fit`: each fit offered to `fastxtend-prof run` first (autorun)')
+    if getattr(Learner.fit, '_fxp_autorun', False): out.append('`Learner.fit`: each fit offered to `fastxtend-prof run` first (autorun)')
     return out
 
 install()
