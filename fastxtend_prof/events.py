@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['SAID', 'listens_before_draw', 'all_batches_with_draw', 'AllBatches', 'draw_marker', 'split_draw', 'at_next_fit',
-           'watch_fit', 'FitWatch', 'watched_added_cbs', 'watched_fit', 'say_on_lookup', 'learner_getattr', 'install',
-           'uninstall', 'patched', 'train_device']
+           'in_fit', 'next_fit_hooks', 'set_next_fit_hooks', 'watch_fit', 'FitWatch', 'watched_added_cbs',
+           'watched_fit', 'say_on_lookup', 'learner_getattr', 'install', 'uninstall', 'patched', 'train_device']
 
 # %% ../nbs/01_events.ipynb #41c933d1
 import contextlib, functools, inspect, itertools, sys, weakref
@@ -113,6 +113,19 @@ _WATCH, _NEXT = Learner._fxp_watch, Learner._fxp_next
 def at_next_fit(learn, fn):
     "Call `fn(learn)` once, when the next top-level `fit` of `learn` starts (before its callbacks' `before_fit`)"
     _NEXT.setdefault(learn, []).append(fn)
+
+def in_fit(learn) -> bool:
+    "Whether a `fit` of `learn` is running now"
+    return bool(_WATCH.get(learn))
+
+def next_fit_hooks(learn) -> list:
+    "The hooks `at_next_fit` holds for `learn`'s next fit (a copy)"
+    return list(_NEXT.get(learn, []))
+
+def set_next_fit_hooks(learn, hooks:list):
+    "Make `hooks` the ones `learn`'s next fit runs (as `next_fit_hooks` gave them): what a trial that fitted in between puts back"
+    if hooks: _NEXT[learn] = list(hooks)
+    else: _NEXT.pop(learn, None)
 
 def watch_fit(learn, watcher) -> bool:
     "Register `watcher.fit_ended(learn, exc)` to run when the current top-level `fit` ends; False if not in one"

@@ -6,10 +6,10 @@
 __all__ = ['DATA_BOUND_SHARE', 'DATA_BOUND_CRITICAL', 'DATA_BOUND_MIN_DRAW', 'STARTUP_RATIO', 'STARTUP_MIN_SHARE',
            'OPT_STEP_RATIO', 'OPT_STEP_MIN_SHARE', 'OPT_STEP_MIN', 'OTHER_SHARE', 'OTHER_MIN', 'UNSTABLE_RATIO',
            'UNSTABLE_MIN_SHARE', 'UNSTABLE_MIN_BATCHES', 'TRANSFER_SHARE', 'TRANSFER_MIN_SHARE', 'TRANSFER_MIN',
-           'TFMS_SHARE', 'TFMS_MIN', 'REMEDIES', 'GAIN_MIN', 'RULES', 'Remedy', 'remedy_for', 'torch_optimizer',
-           'accelerator', 'run_context', 'rule', 'data_bound', 'startup', 'host_bound_opt_step', 'heavy_callbacks',
-           'slow_transfer', 'heavy_transforms', 'unstable_steps', 'host_timing', 'gains', 'biggest_gain', 'all_rules',
-           'advise']
+           'TFMS_SHARE', 'TFMS_MIN', 'REMEDIES', 'GAIN_MIN', 'RULES', 'Remedy', 'remedy_for', 'loader_settings',
+           'torch_optimizer', 'accelerator', 'run_context', 'rule', 'data_bound', 'startup', 'host_bound_opt_step',
+           'heavy_callbacks', 'slow_transfer', 'heavy_transforms', 'unstable_steps', 'host_timing', 'gains',
+           'biggest_gain', 'all_rules', 'advise']
 
 # %% ../nbs/03_rules.ipynb #db59b276
 import functools, math, os, warnings
@@ -75,7 +75,7 @@ def remedy_for(step) -> Remedy|None:
     return next((r for r in REMEDIES.values() if r.step is step), None)
 
 # %% ../nbs/03_rules.ipynb #fe3c8eaa
-def _loader_settings(dl) -> dict:
+def loader_settings(dl) -> dict:
     "num_workers, pin_memory, persistent_workers, kind and batch transforms of a fastai or torch DataLoader `dl`"
     from fastai.data.load import DataLoader as FastaiDL
     src = getattr(dl, 'fake_l', dl)  # fastai keeps torch's settings on its fake loader
@@ -127,7 +127,7 @@ def run_context(learn, sync:str='none') -> dict:
     "What the rules need to know about `learn`'s run beside the timings: device, `sync`, DataLoader, callbacks, optimizer"
     dl = getattr(getattr(learn, 'dls', None), 'train', None)
     acc = next((cb for cb in learn.cbs if type(cb).__name__ == 'GradientAccumulation'), None)
-    return dict(device=train_device(learn).type, accelerator=accelerator(), sync=sync, **_loader_settings(dl),
+    return dict(device=train_device(learn).type, accelerator=accelerator(), sync=sync, **loader_settings(dl),
                 callbacks_in_other=_callbacks_in_other(learn), callbacks_in_step=_callbacks_in_step(learn),
                 accumulate=getattr(acc, 'n_acc', None), optimizer=_optimizer_name(learn), cpu_count=os.cpu_count())
 

@@ -31,7 +31,7 @@ from .saved import profile_of
 from .defaults import ASKED  # ('mixed_precision', 'batch_size', 'resize_on_batch'): the fixes that change the numerics or the training, tried only when allowed; there for the command line's parser
 from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback
 from .distributed import data_parallel
-from .rules import REMEDIES, torch_optimizer, _loader_settings
+from .rules import REMEDIES, torch_optimizer, loader_settings
 from .events import train_device
 from .plots import new_axes, save_figure
 from .gains import amdahl, interval
@@ -91,7 +91,7 @@ class Fix:
 def tune_context(learn) -> dict:
     "What the tuner may change on `learn`: device, cores, the train loader's settings, the optimizer, convolutions, callbacks"
     dl, model, device, inner = learn.dls.train, learn.model, train_device(learn), torch_optimizer(learn)
-    torch_opt, loader = inner is not None, _loader_settings(dl)
+    torch_opt, loader = inner is not None, loader_settings(dl)
     flag = lambda k: torch_opt and any(bool(g.get(k)) for g in inner.param_groups)
     fastai_dl = loader['loader'] == 'fastai'
     return dict(device=device.type, model_device=device, cores=cores(), fastai_loader=fastai_dl,
@@ -274,7 +274,7 @@ class LearnerState:
                          dl.rng.getstate() if isinstance(getattr(dl, 'rng', None), random.Random) else None) for dl in learn.dls.loaders]
         self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
         self.rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(), torch.cuda.get_rng_state_all() if self.cuda else None)
-        self.next_fit = list(events._NEXT.get(learn, []))
+        self.next_fit = events.next_fit_hooks(learn)
 
     def restore(self):
         "Put `learn` back as it was when this state was taken"
@@ -299,8 +299,7 @@ class LearnerState:
         py, npy, cpu, cuda = self.rng
         random.setstate(py); np.random.set_state(npy); torch.set_rng_state(cpu)
         if cuda is not None: torch.cuda.set_rng_state_all(cuda)
-        if self.next_fit: events._NEXT[learn] = list(self.next_fit)
-        else: events._NEXT.pop(learn, None)
+        events.set_next_fit_hooks(learn, self.next_fit)
 
 # %% ../nbs/17_tune.ipynb #ddfffd7a
 def _loaders(learn): return [dl for dl in learn.dls.loaders if hasattr(dl, 'fake_l')]
@@ -754,7 +753,7 @@ def speed_find(self:Learner,
     record = record if record is not None else os.environ.get(RECORD_ENV) or None
     for name, path in (('save', save), ('record', record)):
         if path is not None and not Path(path).parent.is_dir(): raise ValueError(f'`{name}`: the folder of {str(path)!r} does not exist')
-    if events._WATCH.get(self): raise RuntimeError('`speed_find` was called inside a fit: call it between fits')
+    if events.in_fit(self): raise RuntimeError('`speed_find` was called inside a fit: call it between fits')
     if data_parallel(): raise RuntimeError('`speed_find` tunes one process: run it before launching the data-parallel job')
     n = len(self.dls.train)
     if n <= warmup: raise ValueError(f'the train loader has {n} batches, not more than `warmup` ({warmup}): lower `warmup`')

@@ -304,17 +304,3 @@ def test_trace_window_is_kept_out_of_the_statistics(tmp_path, monkeypatch, capsy
     assert bars['train:trace'] == pytest.approx(r.loc[('train', 'trace'), 'Total Time']) and 'valid:trace' not in bars
     spans = [(p.get_x(), p.get_width()) for p in learn.plot_profile_timeline().axes[0].patches if p.get_gid() == 'trace']
     assert spans == [(i, 1) for i in range(2, 6)]  # one hatch per traced batch, on its bar
-
-@pytest.mark.skipif(torch.cuda.is_available() or torch.version.cuda is None,
-                    reason="kineto's gpuGetDeviceCount line comes from a CUDA build of torch on a machine without a GPU")
-def test_a_trace_on_a_machine_without_a_gpu_prints_no_kineto_error(tmp_path):
-    """A CUDA build of torch on a CPU: kineto printed `ERROR: ... gpuGetDeviceCount failed with code 35` to stderr at the
-    trace window's end, which reads as a failure. The window now starts it quiet there, and leaves the environment as it was"""
-    import subprocess, sys
-    script = ("import os, torch; torch.set_num_threads(1)\nimport fastxtend_prof.all\nfrom fastai.test_utils import synth_learner\n"
-              "learn = synth_learner(n_trn=6).profile(show_report=False, trace=dict(wait=1, warmup=1, active=2, path='t.json'))\n"
-              "learn.fit(1)\nprint('env', os.environ.get('KINETO_LOG_LEVEL'))\nprint('trace', os.path.isfile('t.json'))")
-    p = subprocess.run([sys.executable, '-c', script], capture_output=True, text=True, timeout=300, cwd=tmp_path)
-    assert p.returncode == 0, p.stderr[-3000:]
-    assert 'env None' in p.stdout and 'trace True' in p.stdout, p.stdout
-    assert 'gpuGetDeviceCount' not in p.stderr and 'ERROR' not in p.stderr, p.stderr[-2000:]
