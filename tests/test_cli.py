@@ -14,8 +14,8 @@ def test_one_demo_run_writes_its_files_and_prints_each_epoch(tmp_path):
     the report; `--trace` writes its trace without kineto's misleading error line on a CPU; `--no-progress` prints each epoch as named, rounded values, never fastai's raw recorder list; on the CPU,
     host timing and no sync note"""
     (tmp_path/'out').mkdir()
-    p = run('--epochs', '1', '--num-workers', '0', '--device', 'cpu', '--no-progress', '--csv', 'out/', '--plot', 'new/chart.png',
-            '--trace', 'demo', cwd=tmp_path)
+    p = run('--trace', '--epochs', '1', '--num-workers', '0', '--device', 'cpu', '--no-progress', '--csv', 'out/', '--plot', 'new/chart.png',
+            'demo', cwd=tmp_path)   # `--trace` first: it takes an optional path, and would take `demo` for one
     assert p.returncode == 0, p.stderr[-3000:]
     assert (tmp_path/'profile_trace.json').is_file()
     # a CUDA build of torch on a machine without a GPU: kineto printed `ERROR: ... gpuGetDeviceCount failed with code 35` at
