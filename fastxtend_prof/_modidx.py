@@ -7,6 +7,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                        'fastxtend_prof.advice.Advice.__str__': ('advice.html#advice.__str__', 'fastxtend_prof/advice.py'),
                                        'fastxtend_prof.advice._fill': ('advice.html#_fill', 'fastxtend_prof/advice.py'),
                                        'fastxtend_prof.advice._sentence': ('advice.html#_sentence', 'fastxtend_prof/advice.py'),
+                                       'fastxtend_prof.advice.advice_text': ('advice.html#advice_text', 'fastxtend_prof/advice.py'),
                                        'fastxtend_prof.advice.fill_text': ('advice.html#fill_text', 'fastxtend_prof/advice.py'),
                                        'fastxtend_prof.advice.show_advice': ('advice.html#show_advice', 'fastxtend_prof/advice.py')},
             'fastxtend_prof.arrivals': { 'fastxtend_prof.arrivals.ArrivalHook': ('arrivals.html#arrivalhook', 'fastxtend_prof/arrivals.py'),

@@ -226,8 +226,9 @@ def _report_text(prof, cmp=None) -> str:
     "A saved run as the terminal shows a profile: its report table and its advice, then its comparison `cmp` with a baseline"
     from fastxtend_prof.report import format_report, report_text
     from fastxtend_prof.compare import comparison_text
+    from fastxtend_prof.advice import advice_text  # as `learn.profile()` shows it
     lines = [report_text(format_report(prof.results))]
-    if prof.advice is not None: lines += ['Advice:'] + ([f'- {a}' for a in prof.advice] or ['- No bottleneck found.'])
+    if prof.advice is not None: lines.append(advice_text(prof.advice))
     if cmp is not None: lines.append(comparison_text(cmp))
     return '\n'.join(lines)
 

@@ -376,7 +376,7 @@ def history_figure(h:History):
 def history_page(h:History, title:str|None=None) -> str:
     "One self-contained HTML page of `h`: the steps run by run, each run's rate, the change points, the latest run's verdict and the table"
     from fastxtend_prof.page import plotly_modules, figure_html, section_html, pre_html, table_html, html_page
-    go, po, _ = plotly_modules()
+    go, _, _ = plotly_modules()
     title = title or f'fastxtend_prof: history of {len(h.runs)} runs'
     t = history_table(h)
     rate = go.Figure(go.Scatter(x=t['#'], y=t['Samples/s'], customdata=t.Run, mode='lines+markers', name='samples/s',

@@ -194,7 +194,7 @@ def profile_page(source, # A Learner after a profiled fit, a JSON file from `lea
                  max_points:int=MAX_POINTS, # A timeline's points per step at most
                 ) -> str:
     "One self-contained HTML page of a profile: overview, report table, timelines, distributions, features, ranks, comparison, metadata"
-    _, po, _ = plotly_modules()
+    plotly_modules()  # an ImportError saying what to install, before any work
     prof = as_profile(source)
     base = None if baseline is None else as_profile(baseline, 'baseline')
     res, meta = prof.results, prof.metadata
