@@ -15,7 +15,7 @@ import numpy as np, pandas as pd
 from .recorder import APART, DRAW_STEPS, LOOP_STEPS, Cols, Phase, Step, StepSummary, check_int, check_number, TRAIN_PARTS
 from .report import run_metadata, format_duration, format_pct, text_table, text_width
 from .saved import (COMPARED, SavedProfile, result_value, as_profile, encode_distributions, load_profile, profile_of, stage_place,  # noqa: F401  (the saved run's names, also read from here)
-                    step_distributions)
+                    step_distributions, META_FIELDS)
 from .advice import Advice, fill_text
 from .features import FEATURES, Feature, Later, register_feature
 from .stats import BLOCK, CHANGE, CHANGE_COLS, CI_HIGH, CI_LOW, P_VALUE, compare, estimate  # the one model behind every verdict
@@ -74,8 +74,7 @@ def stage_changes_text(st:pd.DataFrame, width:int|None=None) -> str:
 # %% ../nbs/08_compare.ipynb #1cb42137
 MIN_CALLS, CONFIDENCE = 30, 0.95  # ALPHA, MIN_CHANGE, MIN_SHARE (0.01, 15, 2) are in `fastxtend_prof.defaults`, where `fastxtend-prof --help` reads them
 HEADLINE = (Phase.TRAIN, Step.ITERATION)  # the row the verdict leads with and the CLI gates on by default
-COMPARED_SETTINGS = (('batch_size', 'batch size'), ('device', 'device'), ('device_name', 'device model'), ('sync', 'timing mode (sync)'),
-                     ('warmup', 'warmup'), ('fastai', 'fastai'), ('torch', 'torch'))  # the metadata that makes two runs incomparable when it differs
+COMPARED_SETTINGS = tuple((f.name, f.differs) for f in META_FIELDS if f.differs)  # the metadata that makes two runs incomparable when it differs, as a warning names it
 
 def comparability(base:SavedProfile, new:SavedProfile) -> list:
     "Why `base` and `new` may not be comparable, in words: different settings or versions, too few batches, no per-batch data"

@@ -17,7 +17,7 @@ import numpy as np, pandas as pd
 from scipy import stats as sps
 from .recorder import DRAW_STEPS, Cols, Phase, Step, TRAIN_PARTS
 from .report import format_duration, format_pct, text_table, text_width
-from .saved import SavedProfile, as_profile, load_profiles
+from .saved import META, SavedProfile, as_profile, load_profiles
 from .stats import (BLOCK, CHANGE, CI_HIGH, CI_LOW, P_VALUE, Estimate, adjusted_p, compare, estimate, level, null_max,  # noqa: F401  (BLOCK: read from here too)
     scan as _scan, segment)
 from .advice import fill_text
@@ -42,7 +42,7 @@ def step_estimate(d) -> tuple:
 
 def run_name(run:SavedProfile) -> str:
     "A run's name in a history: its label (a commit), else its file's name"
-    label = run.metadata.get('label')
+    label = run.metadata.get(META.label)
     return str(label) if label else Path(run.source.strip("'`")).stem if run.source else '?'
 
 @dataclass
@@ -300,7 +300,7 @@ def history_table(h:History) -> pd.DataFrame:
     rate = [float(r[Cols.RATE].get((str(Phase.FIT), str(Step.TRAIN)), math.nan)) for r in res]
     starts = {c.at for c in h.changes}
     out = pd.DataFrame({'#': range(1, len(h.runs) + 1), 'Run': [run_name(r) for r in h.runs],
-                        'When': [str(r.metadata.get('timestamp') or '')[:16].replace('T', ' ') for r in h.runs], 'Samples/s': rate,
+                        'When': [str(r.metadata.get(META.timestamp) or '')[:16].replace('T', ' ') for r in h.runs], 'Samples/s': rate,
                         'Change': ['▶' if i in starts else '' for i in range(len(h.runs))]})
     return pd.concat([out, pd.DataFrame(h.series.mean, columns=h.series.steps)], axis=1)
 

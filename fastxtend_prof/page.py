@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from .recorder import DRAW_STEPS, Cols, Phase, Step, StepSummary
 from .report import format_duration
-from .saved import SavedProfile, as_profile, atomic_write_text, result_value
+from .saved import META, SavedProfile, as_profile, atomic_write_text, result_value
 from .compare import compare_profiles, format_comparison, comparison_verdict
 
 # %% ../nbs/35_page.ipynb #465afb59
@@ -199,7 +199,7 @@ def profile_page(source, # A Learner after a profiled fit, a JSON file from `lea
     base = None if baseline is None else as_profile(baseline, 'baseline')
     res, meta = prof.results, prof.metadata
     title = title or prof.title or 'fastxtend_prof report'
-    device = ' '.join(dict.fromkeys(str(v) for v in (meta.get('device'), meta.get('device_name')) if v)) or '—'
+    device = ' '.join(dict.fromkeys(str(v) for v in (meta.get(META.device), meta.get(META.device_name)) if v)) or '—'
     kpis = ''.join(f'<div class="kpi"><b>{esc(v)}</b>{esc(k)}</div>' for v, k in [*headline(res), (device, 'device')])
     advice = (['This JSON file holds no advice (files of earlier versions did not keep it).'] if prof.advice is None
               else prof.advice or ['No bottleneck found.'])

@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 from fastcore.basics import IN_NOTEBOOK
 from .recorder import Cols
-from .saved import KEY_COLS, RESULT_COLS, atomic_write_text
+from .saved import KEY_COLS, RESULT_COLS, atomic_write_text, metadata_record
 
 # %% ../nbs/02_report.ipynb #8e747a3a
 def results_frame(rows:list) -> pd.DataFrame:
@@ -144,7 +144,7 @@ def run_metadata(learn, warmup:int=1, sync:str|None=None) -> dict:
     dls, device = getattr(learn, 'dls', None), str(train_device(learn))
     train, valid = getattr(dls, 'train', None), getattr(dls, 'valid', None)
     name = torch.cuda.get_device_name(device) if device.startswith('cuda') and torch.cuda.is_available() else (platform.processor() or platform.machine())
-    return dict(fastxtend_prof=_version('fastxtend-prof'), fastai=_version('fastai'), fastcore=_version('fastcore'),
+    return metadata_record(fastxtend_prof=_version('fastxtend-prof'), fastai=_version('fastai'), fastcore=_version('fastcore'),
                 torch=torch.__version__, python=platform.python_version(), platform=platform.platform(),
                 device=device, device_name=name, batch_size=getattr(train, 'bs', None),
                 n_train_batches=_n_batches(train) if train is not None else None,

@@ -14,7 +14,7 @@ from fastcore.basics import patch
 from fastai.learner import Learner
 from .recorder import Cols, EventRecorder, Phase, Step, TimingRecorder, device_view, fold, summarize
 from .report import format_report, results_frame, run_metadata, show_report
-from .saved import SavedProfile, step_distributions
+from .saved import META, SavedProfile, step_distributions
 from .advice import show_advice
 from .features import FEATURES, Feature, Later
 from .rules import advise, run_context
@@ -155,7 +155,7 @@ class ProfileResult:
     def saved(self, learn, full:bool=True, timeline:bool|None=None) -> SavedProfile:
         "This fit as every tool reads it and the JSON file holds it (`learn` gives the run's metadata); `full=False`: only what a comparison reads; `timeline` (default `full`): every batch with its epoch, for a page (never written)"
         meta = run_metadata(learn, self.recorder.warmup, self.sync)
-        if self.label is not None: meta['label'] = self.label
+        if self.label is not None: meta[META.label] = self.label
         for f in self.features:
             m = f.metadata(self.payload(f.name))
             if m is not None: meta[f.name] = m

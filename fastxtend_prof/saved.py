@@ -4,15 +4,16 @@
 
 # %% auto #0
 __all__ = ['FORMAT', 'VERSION', 'JSON_FORMAT', 'RESULT_COLS', 'KEY_COLS', 'PHASES', 'COMPARED', 'MAX_BYTES', 'MAX_VALUES',
-           'MAX_DEPTH', 'MAX_ROWS', 'MAX_COLS', 'MAX_ENTRIES', 'SCHEMA', 'MAX_NAME', 'LABEL_ENV', 'SavedProfile',
-           'step_distributions', 'profile_of', 'as_profile', 'output_path', 'check_writable', 'atomic_write_text',
-           'encode_distributions', 'result_value', 'jsonable', 'table_doc', 'profile_doc', 'save_profile',
-           'ProfileFileError', 'read_doc', 'migrate', 'profile_from_doc', 'load_profile', 'load_json', 'load_profiles',
-           'stage_place']
+           'MAX_DEPTH', 'MAX_ROWS', 'MAX_COLS', 'MAX_ENTRIES', 'SCHEMA', 'MAX_NAME', 'LABEL_ENV', 'META_FIELDS', 'META',
+           'MetaField', 'SavedProfile', 'step_distributions', 'profile_of', 'as_profile', 'output_path',
+           'check_writable', 'atomic_write_text', 'encode_distributions', 'result_value', 'jsonable', 'table_doc',
+           'profile_doc', 'save_profile', 'ProfileFileError', 'read_doc', 'migrate', 'metadata_record',
+           'metadata_schema', 'profile_from_doc', 'load_profile', 'load_json', 'load_profiles', 'stage_place']
 
 # %% ../nbs/36_saved.ipynb #dbeb7b3a
 import base64, binascii, json, math, os, stat, tempfile
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 from importlib.resources import files
 from pathlib import Path
 import numpy as np, pandas as pd
@@ -32,6 +33,30 @@ MAX_DEPTH, MAX_ROWS, MAX_COLS, MAX_ENTRIES = 32, 100_000, 1_000, 1_000  # metada
 SCHEMA = Path(str(files('fastxtend_prof')/'run.schema.json'))  # this version's file as a JSON Schema, shipped with the package
 MAX_NAME = 200  # characters of a name in a run: its label, a key of its metadata or rows, a table's name
 LABEL_ENV = 'FASTXTEND_PROF_LABEL'  # the environment variable CI sets (to the commit, say): each run's `label` where `learn.profile(label=...)` gives none
+
+@dataclass(frozen=True)
+class MetaField:
+    "One field of a run's `metadata`: its name, the kind of value the checker wants ('count': a whole number, 'key': a name), what it holds, and how a warning names it where two runs differ in it (None: runs may differ)"
+    name:str; kind:str; doc:str; differs:str|None=None
+
+META_FIELDS = (  # the one table of the run's own fields: `run_metadata` writes them, `load_profile` checks them, the schema lists them
+    MetaField('batch_size', 'count', "The train loader's batch size", 'batch size'),
+    MetaField('device', 'key', "The device trained on ('cpu', 'cuda:0')", 'device'),
+    MetaField('device_name', 'key', "The device's model: the GPU's name, or the CPU's", 'device model'),
+    MetaField('sync', 'key', "How the steps were timed: 'none', 'device' or 'events'", 'timing mode (sync)'),
+    MetaField('warmup', 'count', "Leading batches of each loop reported apart (the `warmup` row)", 'warmup'),
+    MetaField('fastai', 'key', "fastai's version", 'fastai'),
+    MetaField('torch', 'key', "torch's version", 'torch'),
+    MetaField('fastxtend_prof', 'key', "The version of fastxtend_prof that profiled the run"),
+    MetaField('fastcore', 'key', "fastcore's version"),
+    MetaField('python', 'key', "Python's version"),
+    MetaField('platform', 'key', "The operating system and machine (`platform.platform()`)"),
+    MetaField('n_train_batches', 'count', "Train batches an epoch"),
+    MetaField('n_valid_batches', 'count', "Valid batches an epoch"),
+    MetaField('num_workers', 'count', "The train loader's workers"),
+    MetaField('timestamp', 'key', "When the run's metadata was taken, after its fit: ISO 8601, in UTC"),
+    MetaField('label', 'key', "The run's name in a history, such as a commit: `learn.profile(label=...)` or the FASTXTEND_PROF_LABEL environment variable"))
+META = SimpleNamespace(**{f.name: f.name for f in META_FIELDS})  # the fields' names for the readers (`run.metadata.get(META.batch_size)`): a misspelt one fails at once
 
 # %% ../nbs/36_saved.ipynb #35152413
 @dataclass(slots=True)
@@ -251,9 +276,20 @@ def _results_cell(col:str) -> str:
     "What a results table's column `col` holds: names, counts, statistics (>= 0), or a feature's numbers"
     return 'key' if col in KEY_COLS else 'count' if col in (Cols.CALLS, 'Rank') else 'stat' if col in STAT_COLS + (Cols.PERCENT,) else 'number'
 
-_META = dict(batch_size='count', warmup='count', n_train_batches='count', n_valid_batches='count', num_workers='count', sync='key', device='key',
-             device_name='key', fastxtend_prof='key', fastai='key', fastcore='key', torch='key', python='key', platform='key', timestamp='key',
-             label='key')  # `run_metadata`'s fields, and the run's label
+_META = {f.name: f.kind for f in META_FIELDS}  # what the checker wants of each field
+
+def metadata_record(**values) -> dict:
+    "A run's metadata from `values`, in `META_FIELDS`' order: every field but `label` (a run adds its own), and no other"
+    want = [f.name for f in META_FIELDS if f.name != META.label]
+    missing, extra = [k for k in want if k not in values], sorted(set(values) - set(want))
+    if missing or extra: raise ValueError(f'the metadata fields are `META_FIELDS`: missing {missing}, not among them {extra}')
+    return {k: values[k] for k in want}
+
+_SCHEMA_REFS = {'count': '#/$defs/count_or_null', 'key': '#/$defs/name_or_null'}
+
+def metadata_schema() -> dict:
+    "The JSON Schema of each field of `META_FIELDS` (`run.schema.json` holds the same: a test keeps them equal)"
+    return {f.name: {'$ref': _SCHEMA_REFS[f.kind], 'description': f.doc} for f in META_FIELDS}
 _STAGE_KEYS = (Cols.PHASE, 'Stage', 'Per', 'Where')
 _REQUIRED = ('format', 'metadata', 'report', 'columns', 'results', 'distributions')  # a run's fields; `ranks` and `tables` may be left out
 

@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['BLOCK', 'CHANGE', 'CI_LOW', 'CI_HIGH', 'P_VALUE', 'CHANGE_COLS', 'CONFIDENCE', 'MIN_BLOCKS', 'MIN_AR_BLOCKS',
-           'MAX_AR', 'Estimate', 'block_means', 'estimate', 'compare', 'between', 'weights', 'level', 'steady', 'scan',
-           'null_max', 'adjusted_p', 'segment']
+           'MAX_AR', 'MIN_DF', 'Estimate', 'block_means', 'estimate', 'compare', 'between', 'weights', 'level',
+           'steady', 'scan', 'null_max', 'adjusted_p', 'segment']
 
 # %% ../nbs/42_stats.ipynb #059f1aee
 import math
@@ -21,6 +21,7 @@ CHANGE_COLS = (CHANGE, CI_LOW, CI_HIGH, P_VALUE)
 CONFIDENCE = 0.95  # of every interval, unless asked otherwise
 MIN_BLOCKS = 10  # blocks a run is split into at least: a run of fewer than `BLOCK`×10 batches gets smaller ones
 MIN_AR_BLOCKS, MAX_AR = 4, 0.9  # blocks needed to read their correlation; the most it is taken to be
+MIN_DF = 2  # the fewest degrees of freedom the correlation leaves a run's error (where it has that many blocks less one)
 
 # %% ../nbs/42_stats.ipynb #5d9344af
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def estimate(d, # One step's per-batch seconds in the order they ran, or its `St
         den = float(c @ c)
         r = min(max(float(c[:-1] @ c[1:])/den, 0.), MAX_AR) if den > 0 else 0.  # the blocks' lag-1 autocorrelation
     widen = (1 + r)/(1 - r)  # an AR(1) series' variance of the mean over the independent one's
-    return Estimate(float(d.mean()), float(b.std(ddof=1)/math.sqrt(k)*math.sqrt(widen)), len(d), (k - 1)/widen)
+    return Estimate(float(d.mean()), float(b.std(ddof=1)/math.sqrt(k)*math.sqrt(widen)), len(d), max((k - 1)/widen, min(MIN_DF, k - 1.)))
 
 # %% ../nbs/42_stats.ipynb #92a38a56
 def _welch_df(a:float, da:float, b:float, db:float) -> float:

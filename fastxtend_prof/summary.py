@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 from .recorder import DRAW_STEPS, SUB_STEPS, Cols, Phase, Step
 from .report import format_duration
-from .saved import SavedProfile, jsonable, result_value
+from .saved import META, SavedProfile, jsonable, result_value
 from .history import VERDICTS, History, Verdict, change_text, latest_text, run_name, step_estimate, verdict_text
 from .stats import CHANGE, CI_HIGH, CI_LOW, P_VALUE
 
@@ -124,7 +124,7 @@ def verdict_summary(h:History, v:Verdict|None) -> dict|None:
 def history_summary(h:History, gate:Verdict|None=None) -> dict:
     "`h` as a JSON summary of format `SUMMARY_FORMAT`; `gate`: the verdict the command gated on (`history.gate`), where it did"
     rate = lambda r: _rate(r.results, Phase.FIT, Step.TRAIN)
-    runs = [dict(name=run_name(r), label=r.metadata.get('label'), timestamp=r.metadata.get('timestamp'), samples_per_s=rate(r),
+    runs = [dict(name=run_name(r), label=r.metadata.get(META.label), timestamp=r.metadata.get(META.timestamp), samples_per_s=rate(r),
                  steps=dict(zip(h.series.steps, h.series.mean[i]))) for i, r in enumerate(h.runs)]
     changes = [dict(run=c.at + 1, name=run_name(h.runs[c.at]), p_value=c.p, step=c.step, steps=[_change(s, r) for s, r in c.table.iterrows()])
                for c in h.changes]

@@ -27,7 +27,7 @@ from . import events
 from .recorder import Cols, Phase, Step, check_int, check_number, check_sync
 from .report import format_duration, text_table, text_width
 from .compare import compare_profiles, ALPHA, MIN_CHANGE, CONFIDENCE
-from .saved import profile_of
+from .saved import META, profile_of
 from .defaults import ASKED  # ('mixed_precision', 'batch_size', 'resize_on_batch'): the fixes that change the numerics or the training, tried only when allowed; there for the command line's parser
 from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback
 from .distributed import data_parallel
@@ -502,7 +502,7 @@ def without_last(prof):
 
 def _per_start_batch(prof, bs0:int):
     "`prof` with its per-batch durations rescaled to `bs0` samples a batch: how a batch-size trial is compared"
-    bs = prof.metadata.get('batch_size')
+    bs = prof.metadata.get(META.batch_size)
     if not bs or bs == bs0: return prof
     return replace(prof, metadata={**prof.metadata, 'batch_size': bs0}, distributions={k: v*(bs0/bs) for k, v in prof.distributions.items()})
 
@@ -515,7 +515,7 @@ def _measured(prof=None, block:int=1, confidence:float=CONFIDENCE) -> dict:
     "A trial's train iteration (all NaN without `prof`): median, mean, steady batches, samples/s with the interval of the mean over blocks of `block` batches"
     d = np.asarray(prof.distributions.get(_KEY, []) if prof is not None else [], dtype=float)
     r = prof.results[(prof.results.Phase == Phase.TRAIN) & (prof.results.Step == Step.ITERATION)] if prof is not None else []
-    bs, nan = prof.metadata.get('batch_size') if prof is not None else None, math.nan
+    bs, nan = prof.metadata.get(META.batch_size) if prof is not None else None, math.nan
     rate = bs/float(d.mean()) if bs and len(d) else float(r[Cols.RATE].iloc[0]) if len(r) else nan  # of the batches the statistics keep
     out = {'Median': float(np.median(d)) if len(d) else nan, 'Mean': float(d.mean()) if len(d) else nan, 'Batches': len(d),
            'Samples/s': rate, 'Samples/s Low': nan, 'Samples/s High': nan}
@@ -816,7 +816,7 @@ def speed_find(self:Learner,
 # %% ../nbs/17_tune.ipynb #f338cd7b
 def _block(batches:int, *profs) -> int:
     "Batches per block for the statistics of `profs`: as many as the most workers among them hand over at once, leaving 10 blocks or more"
-    return max(1, min(max(p.metadata.get('num_workers') or 0 for p in profs), batches//10))
+    return max(1, min(max(p.metadata.get(META.num_workers) or 0 for p in profs), batches//10))
 
 def _brief(e:BaseException, width:int=1000) -> str:
     "`e` in one line: its type and message, the message's first and last lines when it has several (a worker's traceback); a reason whole, cut at a word only past `width` characters (a message that prints a whole tensor)"
