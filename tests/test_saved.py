@@ -26,7 +26,9 @@ DOC = migrate(copy.deepcopy(GOOD))  # the same run in this version's layout
 RUN = load_profile(V2)
 def _inlined(o, defs):
     "The schema `o` with each `$ref` to its `defs` replaced by the definition: the same schema, validated several times faster"
-    if isinstance(o, dict): return _inlined(defs[o['$ref'].split('/')[-1]], defs) if set(o) == {'$ref'} else {k: _inlined(v, defs) for k, v in o.items() if k != '$defs'}
+    if isinstance(o, dict) and '$ref' in o:  # a reference, and perhaps its description beside it
+        return {**_inlined(defs[o['$ref'].split('/')[-1]], defs), **{k: v for k, v in o.items() if k != '$ref'}}
+    if isinstance(o, dict): return {k: _inlined(v, defs) for k, v in o.items() if k != '$defs'}
     return [_inlined(x, defs) for x in o] if isinstance(o, list) else o
 _SCHEMA = json.loads(SCHEMA.read_text())
 VALIDATOR = jsonschema.Draft202012Validator(_inlined(_SCHEMA, _SCHEMA['$defs']))

@@ -21,7 +21,7 @@ ALLOWED = {
     ('autorun.py', 'uninstall', 'fit'): "the name of the method `Learner.fit` that `fastxtend-prof run` puts back",
     ('digits.py', 'demo', 'trace'): "the `trace` option of `learn.profile`, a dict key of its keyword arguments",
     ('cli.py', '_outputs', 'trace'): "the `--trace` option's argparse name (`a.trace`)",
-    ('compare.py', '', 'warmup'): "`run_metadata`'s key for the `warmup` option, and its label in the warning that it differs",
+    ('saved.py', '', 'warmup'): "`META_FIELDS`' field for the `warmup` option, and its label in the warning that it differs",
     ('compare.py', 'compare', 'warmup'): "the metadata key for the `warmup` option of this fit, which the `Baseline` feature compares with the saved run's",
     ('plots.py', '', 'epoch'): "`timeline_frame`'s `epoch` column: the index of the loop a batch ran in, not the `epoch` span",
     ('plots.py', 'plot_timeline', 'epoch'): "the `gid` of the dashed lines where an epoch starts",
