@@ -24,9 +24,9 @@ def _orig(name):
     "fastai's own `Learner.<name>`, kept on `Learner` so every copy of this module (a reload, a notebook) shares it"
     return Learner.__dict__['_fxp_originals'][name]
 
-def _wants_draw(cb, training:bool) -> bool:
-    "Whether fastai would call `cb.before_draw` now, and `cb` wants it"
-    if not cb.run or not ((cb.run_train and training) or (cb.run_valid and not training)): return False
+def _wants_draw(cb, training:bool, running:bool=True) -> bool:
+    "Whether fastai would call `cb.before_draw` now, and `cb` wants it (`running=False`: whatever `cb.run` says now)"
+    if (running and not cb.run) or not ((cb.run_train and training) or (cb.run_valid and not training)): return False
     if getattr(type(cb), 'before_draw', None) is None:  # no method: perhaps a function set on the callback itself
         # read without `cb.__dict__`, which would turn the instance's inline attributes into a dict for good (Python 3.11+),
         # and every attribute fastai reads from the callback at every event a dict lookup: +30k instructions a batch
@@ -40,16 +40,30 @@ def listens_before_draw(learn) -> bool:
     training = getattr(learn, 'training', False)
     return any(_wants_draw(cb, training) for cb in learn.cbs)
 
+def _draw_listeners(learn) -> list:
+    "The callbacks of `learn` that `before_draw` goes to in this loop, in fastai's order: every other one would do nothing with it"
+    training = getattr(learn, 'training', False)
+    def listens(cb):  # each checks its `run` when called
+        if _wants_draw(cb, training, running=False): return True
+        # a callback that takes every event through a `__call__` of its own (a logger of events) gets this one too, as from fastai
+        return getattr(type(cb), 'wants_before_draw', None) is None and type(cb).__call__ is not _cbcore.Callback.__call__
+    return [cb for cb in learn.cbs.sorted('order') if listens(cb)]
+
 def all_batches_with_draw(self:Learner):
     "Run every batch of `self.dl`, emitting `before_draw` before each draw, and marking inside it, when a callback listens to it"
     __tracebackhide__ = True  # IPython and pytest leave this frame out of the tracebacks they show
     if not listens_before_draw(self): return _orig('all_batches')(self)
     try: self.n_iter = len(self.dl)
     except TypeError: self.n_iter = None  # a loader without a length
+    cbs = self.cbs.items
+    listeners, n = _draw_listeners(self), len(cbs)
     with split_draw(self.dl, draw_marker(self)) as drawn:
         it = iter(self.dl)
         for i in itertools.count():
-            self('before_draw')
+            # `before_draw` straight to the callbacks that listen, as fastai's dispatch would call them (`cb(event)`, in order):
+            # not through `self('before_draw')`, which sorts the callbacks and asks each of the others for a method it lacks
+            if len(cbs) != n: listeners, n = _draw_listeners(self), len(cbs)  # a callback added or removed during the loop
+            for cb in listeners: cb('before_draw')
             try: b = next(it)
             except StopIteration: break
             drawn()  # the draw's last mark: the loader's generator handed the batch to the loop
