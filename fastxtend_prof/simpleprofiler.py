@@ -29,7 +29,7 @@ from .advice import show_advice
 from .features import FEATURES, choose_features, unknown_options
 from .result import ProfileResult, fit_result
 from .loggers import LoggerHub, check_logger_callback, check_log_every, fix_fastai_wandb
-from . import memory, flops, trace, arrivals, stages, live, compare, idle, hardware  # noqa: F401 (imported for what importing does: each registers its feature in `features.FEATURES`)
+from . import memory, flops, trace, arrivals, stages, live, compare, idle, hardware, cores  # noqa: F401 (imported for what importing does: each registers its feature in `features.FEATURES`)
 
 # %% ../nbs/09_simpleprofiler.ipynb #77c1f993
 def _check_bool(name, v):

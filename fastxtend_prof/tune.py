@@ -7,11 +7,12 @@ __all__ = ['TARGET_SHARE', 'MIN_PREDICTED', 'KNEE', 'SLACK', 'OVERSUBSCRIBE', 'S
            'STRATEGIES', 'CHANGES', 'SETTERS', 'TRIAL_COLS', 'KEEP', 'SPEED_FORMAT', 'RECORD_ENV', 'RECORD_COLS',
            'PROBED', 'steady_times', 'predict_workers', 'loader_wait', 'Fix', 'tune_context', 'predict_cache',
            'predict_resize_on_batch', 'predict_num_workers', 'predict_pin_memory', 'predict_transforms_on_device',
-           'predict_channels_last', 'predict_mixed_precision', 'predict_batch_size', 'plan', 'bound_by', 'LearnerState',
-           'set_num_workers', 'set_pin_memory', 'set_transforms_device', 'set_optimizer_flag', 'set_channels_last',
-           'set_mixed_precision', 'set_batch_size', 'set_item_cache', 'batch_resize', 'set_resize_on_batch',
-           'probe_resize', 'Strategy', 'probe_loader', 'TrialEnd', 'set_aside', 'run_trial', 'without_last',
-           'SpeedResult', 'append_record', 'calibration', 'load_speed']
+           'predict_channels_last', 'predict_mixed_precision', 'predict_batch_size', 'predict_threads', 'plan',
+           'bound_by', 'LearnerState', 'set_num_workers', 'set_pin_memory', 'set_transforms_device',
+           'set_optimizer_flag', 'set_channels_last', 'set_mixed_precision', 'set_threads', 'set_batch_size',
+           'set_item_cache', 'batch_resize', 'set_resize_on_batch', 'probe_resize', 'Strategy', 'probe_loader',
+           'TrialEnd', 'set_aside', 'run_trial', 'without_last', 'SpeedResult', 'append_record', 'calibration',
+           'load_speed']
 
 # %% ../nbs/17_tune.ipynb #298c8c3a
 import copy, gc, json, math, os, random, time
@@ -38,6 +39,8 @@ from .gains import amdahl, interval
 from .stats import CHANGE, CHANGE_COLS, CI_HIGH, CI_LOW, P_VALUE, estimate
 from .advice import fill_text
 from .stages import thread_times, work_share, WAITING, HANDOFF, cores, keep_up
+from .cores import CORE_WAIT_SHARE
+from .features import FEATURES
 from .cache import BUDGET, ItemCache, cache_loaders, probe_cache, rng_states, set_rng_states
 
 # %% ../nbs/17_tune.ipynb #89a7b6fd
@@ -94,7 +97,7 @@ def tune_context(learn) -> dict:
     torch_opt, loader = inner is not None, loader_settings(dl)
     flag = lambda k: torch_opt and any(bool(g.get(k)) for g in inner.param_groups)
     fastai_dl = loader['loader'] == 'fastai'
-    return dict(device=device.type, model_device=device, cores=cores(), fastai_loader=fastai_dl,
+    return dict(device=device.type, model_device=device, cores=cores(), threads=torch.get_num_threads(), fastai_loader=fastai_dl,
                 num_workers=loader['num_workers'] if fastai_dl else None, pin_memory=bool(loader['pin_memory']),
                 n_batches=len(dl), bs=getattr(dl, 'bs', None), dls_device=getattr(dl, 'device', None),
                 optimizer=type(inner).__name__ if torch_opt else None, foreach=flag('foreach'), fused=flag('fused'),
@@ -214,6 +217,17 @@ def predict_batch_size(times:dict, ctx:dict, allow=()) -> tuple:
     if 'batch_size' not in allow or not ctx['fastai_loader'] or not ctx['bs']: return [], []
     return [Fix('batch_size', 2*ctx['bs'], Step.ITERATION, amdahl(it, times.get(Step.OTHER, 0.), SAVES['batch_size']),
                 'a larger batch shares the per-batch costs (the callbacks, the loop) over more samples')], []
+
+def predict_threads(times:dict, ctx:dict, allow=()) -> tuple:
+    "Fewer torch threads, where the training thread waited for a core `CORE_WAIT_SHARE` of the train loops or more (`core_wait`, the `cores` feature's) and torch's threads and the loader's workers want more cores than there are: as many as the workers leave, the wait predicted gone"
+    it, w, t, k0, n = times.get(Step.ITERATION, 0.), ctx.get('core_wait', math.nan), ctx.get('threads', 1), ctx.get('num_workers') or 0, ctx['cores']
+    if not w >= CORE_WAIT_SHARE or t <= 1: return [], []
+    k = max(1, n - k0)
+    if k >= t: return [], [f"torch threads: the training thread waited for a core {w:.0%} of the train loops, but torch's {t} threads and the "
+                           f"loader's {k0} workers fit the {n} cores: other processes hold them"]
+    return [Fix('threads', k, Step.ITERATION, it*(1 - w),
+                f"the training thread waited for a core {w:.0%} of the train loops: torch's {t} threads and the loader's {k0} workers want "
+                f"more than the {n} cores")], []
 
 def plan(times:dict, # `steady_times` of the configuration to improve on
          ctx:dict, # `tune_context` of the Learner
@@ -362,6 +376,12 @@ def set_mixed_precision(learn, on:bool=True):
     learn.add_cb(cb)
     return lambda: learn.remove_cb(cb)
 
+def set_threads(learn, k:int):
+    "torch's threads (`torch.set_num_threads`: the whole process's, not the Learner's) to `k`; returns the undo"
+    old = torch.get_num_threads()
+    torch.set_num_threads(k)
+    return lambda: torch.set_num_threads(old)
+
 def set_batch_size(learn, bs:int):
     "The train loader's batch size `bs`; returns the undo"
     return _assign([learn.dls.train], bs=bs)
@@ -439,6 +459,8 @@ STRATEGIES = dict(  # in the order `plan` asks them; adding a fix is adding an e
     fused=Strategy(_predict_optimizer('fused'), lambda learn, v: set_optimizer_flag(learn, 'fused', v), 'last bits', 'fused={}'.format),
     channels_last=Strategy(predict_channels_last, set_channels_last, 'last bits', _named('channels_last')),
     mixed_precision=Strategy(predict_mixed_precision, set_mixed_precision, 'numerics', _named('mixed precision (fp16)')),
+    threads=Strategy(predict_threads, set_threads, 'last bits', 'torch threads={}'.format,
+                     'call `torch.set_num_threads({v})` before training (or set `OMP_NUM_THREADS={v}`)'),
     batch_size=Strategy(predict_batch_size, set_batch_size, 'training', 'bs={}'.format))
 for _k, _s in STRATEGIES.items(): _s.keep = _s.keep or REMEDIES[_k].keep
 CHANGES = {k: s.changes for k, s in STRATEGIES.items()}  # what each fix changes besides the speed
@@ -487,13 +509,19 @@ def set_aside(learn) -> list:
 
 def run_trial(learn, batches:int, warmup:int, deadline:float, sync:str='auto'):
     "Profile `learn` training `batches` steady train batches (after `warmup` per loop, before the last), no validation: the `SavedProfile`"
-    learn.profile(show_report=False, warmup=warmup, logger_callback=None, sync=sync, features=False)  # timings only: no feature, whatever is registered
+    # timings and the training thread's wait for a core (the `cores` feature, two reads a loop): no other feature, whatever is registered
+    learn.profile(show_report=False, warmup=warmup, logger_callback=None, sync=sync, **{n: n == 'cores' for n in FEATURES})
     epochs = math.ceil(batches/max(1, len(learn.dls.train) - warmup)) + 1
     try:
         with learn.no_logging(): learn.fit(epochs, cbs=TrialEnd(batches, warmup, deadline))
     finally:  # the loader iterator the stop left behind, and its worker processes, go now and not in a later fit
         if any(dl.fake_l.num_workers for dl in _loaders(learn)): gc.collect()  # (a full collection costs ~0.1 s: only when there are workers)
     return without_last(profile_of(learn, full=False))
+
+def _core_wait(prof) -> float:
+    "The share of its train loops' time the training thread of the trial `prof` waited for a core (NaN where not read)"
+    c = prof.metadata.get('cores') or {}
+    return c['queued_s']/c['train_s'] if c.get('train_s') else math.nan
 
 def without_last(prof):
     "`prof` without its last train batch: the one the stop cut, whose time runs on through the loader's teardown (its workers' shutdown)"
@@ -558,7 +586,7 @@ class SpeedResult:
         "What `apply` changes (or would: `applied=False`), a line per fix with the code that keeps it"
         if not self.fixes: return 'speed_find: nothing to keep (no trial was accepted).'
         was = dict(num_workers=self.start.get('num_workers'), pin_memory=self.start.get('pin_memory'), batch_size=self.start.get('bs'),
-                   transforms_on_device=self.start.get('dls_device'))
+                   transforms_on_device=self.start.get('dls_device'), threads=self.start.get('threads'))
         lines = ['speed_find applied:' if applied else 'To keep what speed_find found:']
         for f in self.fixes:
             head = f'{f.kind}: {was[f.kind]} → {f.value}' if f.kind in was else f'{f.name}: on'
@@ -649,7 +677,7 @@ def load_speed(path) -> SpeedResult:
     bad = [f.get('kind') if isinstance(f, dict) else f for f in d['fixes'] if not isinstance(f, dict) or f.get('kind') not in STRATEGIES]
     if bad: raise ValueError(f'{path}: unknown fixes {bad} (this version knows {", ".join(STRATEGIES)})')
     ok = dict(num_workers=lambda v: type(v) is int and v >= 0, batch_size=lambda v: type(v) is int and v > 0, cache_items=lambda v: type(v) is int and v > 0,
-              transforms_on_device=lambda v: isinstance(v, str))
+              transforms_on_device=lambda v: isinstance(v, str), threads=lambda v: type(v) is int and v > 0)
     wrong = [f"{f['kind']}={f.get('value')!r}" for f in d['fixes'] if not ok.get(f['kind'], lambda v: v is True)(f.get('value'))]
     if wrong: raise ValueError(f'{path}: not a speed_find configuration (values out of range: {", ".join(wrong)})')
     fixes = [Fix(f['kind'], f['value'], f.get('target', ''), f.get('predicted', math.nan), f.get('why', '')) for f in d['fixes']]
@@ -772,7 +800,8 @@ def speed_find(self:Learner,
             if m['Batches'] < 2: notes.append(f'the budget ({max_time:g} s) ran out during the first measurement: raise `max_time`')
             if m['Batches'] >= 2 and ctx0['fastai_loader'] and loader_wait(steady_times(start.results)) >= TARGET_SHARE: _probe(self, ctx0, deadline, allow=allow)
             while m['Batches'] >= 2:
-                todo, why_not = plan(steady_times(best.results), {**tune_context(self), **{k: ctx0[k] for k in PROBED if k in ctx0}}, allow, done)
+                todo, why_not = plan(steady_times(best.results), {**tune_context(self), **{k: ctx0[k] for k in PROBED if k in ctx0}, 'core_wait': _core_wait(best)},
+                                     allow, done)
                 if not todo:
                     notes += why_not
                     break
