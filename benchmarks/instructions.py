@@ -6,7 +6,7 @@ process of its own under valgrind, fits fastai's `synth_learner` (40 train and 4
 torch thread, no progress bar, no logging) once to warm up, then once more, counting the instructions of fastai's epoch
 loop (`Learner._do_fit`: every batch and epoch event, not `before_fit` or `after_fit`) and nothing else: a small C helper,
 compiled here, turns callgrind's instrumentation on and off around it. `PYTHONHASHSEED` is fixed, so a configuration
-counts the same on every run (within a few hundred instructions a batch). The garbage collector is switched off while
+counts nearly the same on every run (two runs of one configuration: 6,700 instructions a batch apart, 0.12%). The garbage collector is switched off while
 counting (after a full collection): whether one of its full collections fell inside the counted loop or not swung a
 configuration by 1.4 million instructions a batch (26% of fastai's own), from one run to the next with nothing of the
 loop changed. What importing costs the collector instead is the objects it tracks, the last column: each full
