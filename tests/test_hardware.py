@@ -25,10 +25,10 @@ class Wait(Callback):
     def __init__(self, s): self.s = s
     def before_batch(self): time.sleep(self.s)
 
-def fit(monkeypatch, epochs, wait, gpm=True, **kw):
+def fit(monkeypatch, epochs, wait, gpm=True, batches=20, **kw):
     fake = FakeNvml(gpm)
     monkeypatch.setattr(hardware, 'open_device', lambda device: (fake, ''))
-    x = torch.randn(8*20, 4)
+    x = torch.randn(8*batches, 4)
     dls = DataLoaders.from_dsets(list(zip(x, x[:, :1])), list(zip(x[:16], x[:16, :1])), bs=8, num_workers=0, device='cpu')
     learn = Learner(dls, nn.Linear(4, 1), loss_func=nn.MSELoss(), cbs=Wait(wait))
     learn.remove_cb(ProgressCallback)
@@ -48,11 +48,13 @@ def test_energy_and_activity_per_epoch(monkeypatch):
     assert text.startswith('GPU activity and energy on cpu (Fake GPU)') and 'SM active' in text
 
 def test_short_epochs_make_windows_of_at_least_a_second_and_no_gpm_says_so(monkeypatch):
-    learn, _ = fit(monkeypatch, 4, 0.02, gpm=False)  # epochs of about 0.45 s
+    # epochs of 6 batches of 20 ms (0.12 s; a second only past 170 ms a batch, 3.7x the 46 ms a CI run under load took, when
+    # epochs of 22 batches lasted a second each)
+    learn, _ = fit(monkeypatch, 12, 0.02, gpm=False, batches=5)
     p = learn.profile_result.hardware
     assert (p.windows.Seconds >= 1).all() and '-' in p.windows.Epochs.iloc[0], p.windows  # several epochs a window
     ends = [e.split('-') for e in p.windows.Epochs]
-    assert ends[0][0] == '0' and ends[-1][-1] == '3' and all(int(a[-1]) + 1 == int(b[0]) for a, b in zip(ends, ends[1:]))  # every epoch once
+    assert ends[0][0] == '0' and ends[-1][-1] == '11' and all(int(a[-1]) + 1 == int(b[0]) for a, b in zip(ends, ends[1:]))  # every epoch once
     assert math.isnan(p.windows['SM Active %'].iloc[0])
     assert 'GPM metrics (SM and tensor-core activity) not available on this GPU' in learn.profile_result.lines()[-1]
 
