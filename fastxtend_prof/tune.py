@@ -39,7 +39,7 @@ from .gains import amdahl, interval
 from .stats import CHANGE, CHANGE_COLS, CI_HIGH, CI_LOW, P_VALUE, estimate
 from .advice import fill_text
 from .stages import thread_times, work_share, WAITING, HANDOFF, cores, keep_up
-from .cores import CORE_WAIT_SHARE
+from .cores import CORE_WAIT_SHARE, wait_share
 from .features import FEATURES
 from .cache import BUDGET, ItemCache, cache_loaders, probe_cache, rng_states, set_rng_states
 
@@ -520,8 +520,7 @@ def run_trial(learn, batches:int, warmup:int, deadline:float, sync:str='auto'):
 
 def _core_wait(prof) -> float:
     "The share of its train loops' time the training thread of the trial `prof` waited for a core (NaN where not read)"
-    c = prof.metadata.get('cores') or {}
-    return c['queued_s']/c['train_s'] if c.get('train_s') else math.nan
+    return wait_share(prof.metadata.get('cores'))
 
 def without_last(prof):
     "`prof` without its last train batch: the one the stop cut, whose time runs on through the loader's teardown (its workers' shutdown)"
