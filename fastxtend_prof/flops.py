@@ -18,7 +18,6 @@ import torch.nn.modules.module as _mm
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
-from torch.utils.flop_counter import flop_registry
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily  # loaded by `import torch` already
 from .recorder import Cols, AFTER_PRED, FLAGS, NO_BACKWARD, SAMPLES, TRACED, Phase, Relay, Step
 from .report import format_pct, text_width
@@ -48,7 +47,10 @@ class OpCounter(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool: return False  # torch would wrap `__torch_dispatch__` in dynamo's disable, importing dynamo (seconds)
     def __init__(self):
         super().__init__()
-        self.total, self.uncounted = 0, {}
+        # torch's formulas, imported here: `torch.utils.flop_counter` imports triton where it is installed (150 ms of the
+        # package's 360 ms import on a 2-core machine), which a fit that counts no FLOPs never needs
+        from torch.utils.flop_counter import flop_registry
+        self.total, self.uncounted, self.registry = 0, {}, flop_registry
     def get_total_flops(self) -> int: return self.total
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
@@ -60,7 +62,7 @@ class OpCounter(TorchDispatchMode):
             with unset_fake_temporarily(): out = func(*args, **kwargs)
             self._count(func, args, kwargs, out)
             return out
-        if flop_registry.get(func._overloadpacket) is None and func is not torch.ops.prim.device.default:
+        if self.registry.get(func._overloadpacket) is None and func is not torch.ops.prim.device.default:
             with self: r = func.decompose(*args, **kwargs)  # an operator without a formula: its parts may have one
             if r is not NotImplemented: return r
         out = func(*args, **kwargs)
@@ -68,7 +70,7 @@ class OpCounter(TorchDispatchMode):
         return out
     def _count(self, func, args, kwargs, out):
         op = func._overloadpacket
-        f = flop_registry.get(op)
+        f = self.registry.get(op)
         if f is not None: self.total += f(*args, **kwargs, out_val=out)
         elif heavy_uncounted(op): self.uncounted[str(op)] = self.uncounted.get(str(op), 0) + 1
 
