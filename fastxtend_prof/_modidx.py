@@ -1121,6 +1121,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'fastxtend_prof.saved.profile_from_doc': ('saved.html#profile_from_doc', 'fastxtend_prof/saved.py'),
                                       'fastxtend_prof.saved.profile_of': ('saved.html#profile_of', 'fastxtend_prof/saved.py'),
                                       'fastxtend_prof.saved.read_doc': ('saved.html#read_doc', 'fastxtend_prof/saved.py'),
+                                      'fastxtend_prof.saved.result_row': ('saved.html#result_row', 'fastxtend_prof/saved.py'),
                                       'fastxtend_prof.saved.result_value': ('saved.html#result_value', 'fastxtend_prof/saved.py'),
                                       'fastxtend_prof.saved.save_profile': ('saved.html#save_profile', 'fastxtend_prof/saved.py'),
                                       'fastxtend_prof.saved.stage_place': ('saved.html#stage_place', 'fastxtend_prof/saved.py'),

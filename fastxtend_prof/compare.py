@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from .recorder import APART, DRAW_STEPS, LOOP_STEPS, Cols, Phase, Step, StepSummary, check_int, check_number, TRAIN_PARTS
 from .report import run_metadata, format_duration, format_pct, text_table, text_width
-from .saved import (COMPARED, SavedProfile, result_value, as_profile, encode_distributions, load_profile, profile_of, stage_place,  # noqa: F401  (the saved run's names, also read from here)
+from .saved import (COMPARED, SavedProfile, result_row, result_value, as_profile, encode_distributions, load_profile, profile_of, stage_place,  # noqa: F401  (the saved run's names, also read from here)
                     step_distributions, META_FIELDS)
 from .advice import Advice, fill_text
 from .features import FEATURES, Feature, Later, register_feature
@@ -96,13 +96,13 @@ def _row(b:SavedProfile, n:SavedProfile, phase, action, step, alpha, min_change,
     key = (phase, step)
     if key in b.distributions and key in n.distributions: st = change_stats(b.distributions[key], n.distributions[key], confidence, block)
     else:  # a file without distributions: the means, untested
-        mean = lambda p: float(p.results[(p.results.Phase == phase) & (p.results.Step == step)][Cols.MEAN].iloc[0])
-        mb, mn = mean(b), mean(n)
+        mb, mn = (result_value(result_row(p.results, phase, step), phase, step, Cols.MEAN) for p in (b, n))
         st = {'Base Mean': mb, 'New Mean': mn, CHANGE: 100*(mn/mb - 1) if mb > 0 else math.nan, 'Test': ''}
     sig = bool(st['Test'] and _clear(st[P_VALUE], st[CI_LOW], st[CI_HIGH], alpha) and abs(st[CHANGE]) >= min_change)
-    return dict(Phase=phase, Action=action, Step=step, **st, **{'Base Samples/s': result_value(b.results, phase, step),
-                'New Samples/s': result_value(n.results, phase, step), 'Significant': sig,
-                **{f'{w} {c}': result_value(p.results, phase, step, c) for c in compared_columns() for w, p in (('Base', b), ('New', n))}})
+    rows = {'Base': result_row(b.results, phase, step), 'New': result_row(n.results, phase, step)}  # each run's row, looked up once
+    return dict(Phase=phase, Action=action, Step=step, **st, **{'Base Samples/s': result_value(rows['Base'], phase, step),
+                'New Samples/s': result_value(rows['New'], phase, step), 'Significant': sig,
+                **{f'{w} {c}': result_value(rows[w], phase, step, c) for c in compared_columns() for w in ('Base', 'New')}})
 
 def _of_iteration(cmp:pd.DataFrame) -> pd.Series:
     "Each row's change of mean in percent of its phase's base iteration mean (NaN where the phase has no iteration row)"
