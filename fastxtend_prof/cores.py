@@ -49,7 +49,8 @@ class CoreWait:
 
 def wait_share(saved:dict|None) -> float:
     "The share of the train loops' time the training thread waited for a core, from a `CoreWait`'s fields as a run saves them (NaN where not read)"
-    return saved['queued_s']/saved['train_s'] if saved and saved.get('train_s', 0) > 0 else math.nan
+    t, q = (saved or {}).get('train_s'), (saved or {}).get('queued_s')
+    return q/t if isinstance(t, (int, float)) and isinstance(q, (int, float)) and t > 0 else math.nan
 
 class CoreTap(Relay):
     "Reads the training thread's time on a core and waiting for one as each train loop begins and ends"
