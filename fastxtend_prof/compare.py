@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from .recorder import APART, DRAW_STEPS, LOOP_STEPS, Cols, Phase, Step, StepSummary, check_int, check_number, TRAIN_PARTS
 from .report import run_metadata, format_duration, format_pct, text_table, text_width
-from .saved import (COMPARED, SavedProfile, result_row, result_value, as_profile, encode_distributions, load_profile, profile_of, stage_place,  # noqa: F401  (the saved run's names, also read from here)
+from .saved import (COMPARED, SavedProfile, result_rows, result_value, as_profile, encode_distributions, load_profile, profile_of, stage_place,  # noqa: F401  (the saved run's names, also read from here)
                     step_distributions, META_FIELDS)
 from .advice import Advice, fill_text
 from .features import FEATURES, Feature, Later, register_feature
@@ -92,14 +92,14 @@ def _clear(p:float, lo:float, hi:float, alpha:float) -> bool:
     "Whether a tested change is no noise: its p-value under `alpha` and its interval `lo`..`hi` (percent) clear of zero"
     return p < alpha and (lo > 0 or hi < 0)
 
-def _row(b:SavedProfile, n:SavedProfile, phase, action, step, alpha, min_change, confidence, block=BLOCK) -> dict:
-    key = (phase, step)
+def _row(b:SavedProfile, n:SavedProfile, rows:dict, phase, action, step, alpha, min_change, confidence, block=BLOCK) -> dict:
+    "One step's comparison; `rows`: each run's `result_rows` ('Base', 'New')"
+    key, rows = (phase, step), {w: rows[w].get((str(phase), str(step)), {}) for w in ('Base', 'New')}
     if key in b.distributions and key in n.distributions: st = change_stats(b.distributions[key], n.distributions[key], confidence, block)
     else:  # a file without distributions: the means, untested
-        mb, mn = (result_value(result_row(p.results, phase, step), phase, step, Cols.MEAN) for p in (b, n))
+        mb, mn = (result_value(rows[w], phase, step, Cols.MEAN) for w in ('Base', 'New'))
         st = {'Base Mean': mb, 'New Mean': mn, CHANGE: 100*(mn/mb - 1) if mb > 0 else math.nan, 'Test': ''}
     sig = bool(st['Test'] and _clear(st[P_VALUE], st[CI_LOW], st[CI_HIGH], alpha) and abs(st[CHANGE]) >= min_change)
-    rows = {'Base': result_row(b.results, phase, step), 'New': result_row(n.results, phase, step)}  # each run's row, looked up once
     return dict(Phase=phase, Action=action, Step=step, **st, **{'Base Samples/s': result_value(rows['Base'], phase, step),
                 'New Samples/s': result_value(rows['New'], phase, step), 'Significant': sig,
                 **{f'{w} {c}': result_value(rows[w], phase, step, c) for c in compared_columns() for w in ('Base', 'New')}})
@@ -130,7 +130,8 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
     check_number('min_change', min_change, why='percent'); check_number('min_share', min_share, why="percent of the phase's iteration")
     b, n = as_profile(base, 'base'), as_profile(new, 'new')
     keys = set(zip(n.results.Phase, n.results.Step))
-    rows = [_row(b, n, p, a, s, alpha, min_change, confidence, block) for p, a, s in zip(b.results.Phase, b.results.Action, b.results.Step)
+    found = {'Base': result_rows(b.results), 'New': result_rows(n.results)}  # each run's rows, read once
+    rows = [_row(b, n, found, p, a, s, alpha, min_change, confidence, block) for p, a, s in zip(b.results.Phase, b.results.Action, b.results.Step)
             if p != Phase.FIT and s in COMPARED and (p, s) in keys]
     if not rows: raise ValueError('`base` and `new` have no train or valid step in common to compare')
     out = pd.DataFrame(rows)

@@ -14,11 +14,10 @@ import math, os
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, pandas as pd
-from scipy import stats as sps
 from .recorder import DRAW_STEPS, Cols, Phase, Step, TRAIN_PARTS
 from .report import format_duration, format_pct, text_table, text_width
 from .saved import META, SavedProfile, as_profile, load_profiles
-from .stats import (BLOCK, CHANGE, CI_HIGH, CI_LOW, P_VALUE, Estimate, adjusted_p, compare, estimate, level, null_max,  # noqa: F401  (BLOCK: read from here too)
+from .stats import (BLOCK, CHANGE, CI_HIGH, CI_LOW, P_VALUE, Estimate, adjusted_p, compare, estimate, level, null_max, student,  # noqa: F401  (BLOCK: read from here too)
     scan as _scan, segment)
 from .advice import fill_text
 from .defaults import ALPHA, HISTORY_MIN_SHIFT, HISTORY_MIN_SHARE
@@ -105,10 +104,10 @@ def own_changes(s:Series, lo:int, at:int, hi:int, alpha:float=ALPHA, confidence:
     x, v = s.own()
     (mb, sb, _, _), (ma, sa, _, _) = level(x[:, lo:at], v[:, lo:at]), level(x[:, at:hi], v[:, at:hi])
     d, e = ma - mb, np.sqrt(sb**2 + sa**2)
-    t = sps.t(max(hi - lo - 2, 1))
-    q = float(t.ppf(0.5 + confidence/2))
+    ppf, sf = student(max(hi - lo - 2, 1))
+    q = float(ppf(0.5 + confidence/2))
     before = np.exp(mb)
-    return pd.DataFrame({CHANGE: 100*np.expm1(d), CI_LOW: 100*np.expm1(d - q*e), CI_HIGH: 100*np.expm1(d + q*e), P_VALUE: 2*t.sf(np.abs(d)/e),
+    return pd.DataFrame({CHANGE: 100*np.expm1(d), CI_LOW: 100*np.expm1(d - q*e), CI_HIGH: 100*np.expm1(d + q*e), P_VALUE: 2*sf(np.abs(d)/e),
                          'Before': before, 'Moved': before*np.expm1(d), 'Moved Low': before*np.expm1(d - q*e), 'Moved High': before*np.expm1(d + q*e)},
                         index=pd.Index(s.steps, name='Step'))
 
@@ -188,10 +187,10 @@ def _latest_vs(s:Series, j:int, ref:list, i:int, confidence:float, tested:bool=F
     if len(ref) >= 3:  # a prediction from the reference's runs: the latest run's own variance, the between-run variance and the mean's, Student's t
         mu, se_mu, tau2, phi = level(xr, vr)
         d, e = x[j, i] - mu, math.sqrt(max(phi, 1.)*(v[j, i] + tau2) + se_mu**2)
-        t = sps.t(len(ref) - 1)
-        q = float(t.ppf(0.5 + confidence/2))
-        return {CHANGE: 100*math.expm1(d), CI_LOW: 100*math.expm1(d - q*e), CI_HIGH: 100*math.expm1(d + q*e), P_VALUE: float(2*t.sf(abs(d)/e)),
-                'p slower': float(t.sf(d/e))}
+        ppf, sf = student(len(ref) - 1)
+        q = float(ppf(0.5 + confidence/2))
+        return {CHANGE: 100*math.expm1(d), CI_LOW: 100*math.expm1(d - q*e), CI_HIGH: 100*math.expm1(d + q*e), P_VALUE: float(2*sf(abs(d)/e)),
+                'p slower': float(sf(d/e))}
     w = 1/vr
     mu, df = float((w*xr).sum()/w.sum()), (lambda r: float(s.df[r, j]) if s.df is not None else math.inf)
     pooled = Estimate(math.exp(mu), math.exp(mu)*math.sqrt(1/w.sum()), 0, sum(df(r) for r in ref))

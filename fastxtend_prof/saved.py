@@ -6,7 +6,7 @@
 __all__ = ['FORMAT', 'VERSION', 'JSON_FORMAT', 'RESULT_COLS', 'KEY_COLS', 'PHASES', 'COMPARED', 'MAX_BYTES', 'MAX_VALUES',
            'MAX_DEPTH', 'MAX_ROWS', 'MAX_COLS', 'MAX_ENTRIES', 'SCHEMA', 'MAX_NAME', 'LABEL_ENV', 'META_FIELDS', 'META',
            'MetaField', 'SavedProfile', 'step_distributions', 'profile_of', 'as_profile', 'output_path',
-           'check_writable', 'atomic_write_text', 'encode_distributions', 'result_row', 'result_value', 'jsonable',
+           'check_writable', 'atomic_write_text', 'encode_distributions', 'result_rows', 'result_value', 'jsonable',
            'table_doc', 'profile_doc', 'save_profile', 'ProfileFileError', 'read_doc', 'migrate', 'metadata_record',
            'metadata_schema', 'profile_from_doc', 'load_profile', 'load_json', 'load_profiles', 'stage_place']
 
@@ -155,13 +155,14 @@ def encode_distributions(dists:dict) -> dict:
         else: out[f'{p}/{s}'] = dict(kind='raw', n=int(len(d)), float32=base64.b64encode(np.asarray(d, '<f4').tobytes()).decode('ascii'))
     return out
 
-def result_row(results:pd.DataFrame, phase, step) -> dict:
-    "The (`phase`, `step`) row of `results` as `{column: value}`, empty where there is none: one lookup for several columns (`result_value` each)"
-    r = results[(results.Phase == str(phase)) & (results.Step == str(step))]
-    return r.iloc[0].to_dict() if len(r) else {}
+def result_rows(results:pd.DataFrame) -> dict:
+    "`{(phase, step): {column: value}}`: each row of `results` (the first where one repeats), to read many rows' columns with one pass over the table (`result_value` each)"
+    out = {}
+    for r in results.to_dict('records'): out.setdefault((str(r[Cols.PHASE]), str(r[Cols.STEP])), r)
+    return out
 
 def result_value(results, phase, step, col:str=Cols.RATE) -> float:
-    "The `col` of the (`phase`, `step`) row of `results` (a run's numeric results, or its `result_row`): NaN where the row or the column is missing"
+    "The `col` of the (`phase`, `step`) row of `results` (a run's numeric results, or one row of `result_rows`): NaN where the row or the column is missing"
     if isinstance(results, dict): return float(results[col]) if results.get(col) is not None else math.nan
     if col not in results: return math.nan
     r = results[(results.Phase == str(phase)) & (results.Step == str(step))][col]
