@@ -14,8 +14,9 @@ from pathlib import Path
 import numpy as np, pandas as pd
 from .recorder import APART, DRAW_STEPS, LOOP_STEPS, Cols, Phase, Step, StepSummary, check_int, check_number, TRAIN_PARTS
 from .report import run_metadata, format_duration, format_pct, text_table, text_width
-from .saved import (COMPARED, SavedProfile, result_rows, result_value, as_profile, encode_distributions, load_profile, profile_of, stage_place,  # noqa: F401  (the saved run's names, also read from here)
+from .saved import (COMPARED, SavedProfile, result_rows, result_value, as_profile, encode_distributions, load_profile, profile_of,  # noqa: F401  (the saved run's names, also read from here)
                     step_distributions, META_FIELDS)
+from .stage_rows import stage_view
 from .advice import Advice, fill_text
 from .features import FEATURES, Feature, Later, register_feature
 from .stats import BLOCK, CHANGE, CHANGE_COLS, CI_HIGH, CI_LOW, P_VALUE, compare, estimate  # the one model behind every verdict
@@ -38,20 +39,9 @@ def change_stats(base, new, confidence:float=0.95, block:int=BLOCK) -> dict:
             **{k: st[k] for k in CHANGE_COLS}, 'Test': test}
 
 # %% ../nbs/08_compare.ipynb #02a79ae2
-def _stage_view(meta:dict) -> pd.DataFrame:
-    "A run's loader stages (`metadata['stages']`) where the run made them: the workers merged (or the one worker, or the main process), `after_batch` and each pass's first batch in the main process"
-    st = (meta or {}).get('stages') or {}
-    df = pd.DataFrame(st.get('rows') or [])
-    if df.empty: return df
-    parts = []
-    for phase, d in df.groupby(Cols.PHASE, sort=False):
-        _, made = stage_place((st.get('batches') or {}).get(phase, {}))
-        parts.append(d[(d.Where == made) | ((d.Where == 'main') & (d.Per != 'item'))])
-    return pd.concat(parts)
-
 def stage_changes(base:SavedProfile, new:SavedProfile) -> pd.DataFrame|None:
     "The loader stages of two runs (`stages=True`), each where its run made it: the medians and their change in percent; None unless both timed them"
-    b, n = _stage_view(base.metadata), _stage_view(new.metadata)
+    b, n = stage_view(base.metadata), stage_view(new.metadata)  # each run's stages, read back as the feature laid them out
     if b.empty or n.empty: return None
     keys, cols = [Cols.PHASE, 'Stage', 'Per'], {'Where': 'Where', Cols.MEDIAN: 'Median', Cols.CALLS: 'Calls'}
     side = lambda df, w: df[[*keys, *cols]].rename(columns={c: f'{w} {v}' for c, v in cols.items()}).set_index(keys)

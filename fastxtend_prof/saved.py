@@ -5,13 +5,14 @@
 # %% auto #0
 __all__ = ['FORMAT', 'VERSION', 'JSON_FORMAT', 'RESULT_COLS', 'KEY_COLS', 'PHASES', 'COMPARED', 'MAX_BYTES', 'MAX_VALUES',
            'MAX_DEPTH', 'MAX_ROWS', 'MAX_COLS', 'MAX_ENTRIES', 'SCHEMA', 'MAX_NAME', 'LABEL_ENV', 'META_FIELDS', 'META',
-           'MetaField', 'SavedProfile', 'step_distributions', 'profile_of', 'as_profile', 'output_path',
-           'check_writable', 'atomic_write_text', 'encode_distributions', 'result_rows', 'result_value', 'jsonable',
-           'table_doc', 'profile_doc', 'save_profile', 'ProfileFileError', 'read_doc', 'migrate', 'metadata_record',
-           'metadata_schema', 'profile_from_doc', 'load_profile', 'load_json', 'load_profiles', 'stage_place']
+           'METADATA_CHECKS', 'BUILTIN_METADATA', 'MetaField', 'SavedProfile', 'step_distributions', 'profile_of',
+           'as_profile', 'output_path', 'check_writable', 'atomic_write_text', 'encode_distributions', 'result_rows',
+           'result_value', 'jsonable', 'table_doc', 'profile_doc', 'save_profile', 'ProfileFileError', 'read_doc',
+           'migrate', 'metadata_record', 'metadata_schema', 'register_metadata', 'metadata_check', 'Checker',
+           'profile_from_doc', 'load_profile', 'load_json', 'load_profiles']
 
 # %% ../nbs/36_saved.ipynb #dbeb7b3a
-import base64, binascii, json, math, os, stat, tempfile
+import base64, binascii, importlib, json, math, os, stat, tempfile
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 from importlib.resources import files
@@ -297,17 +298,39 @@ _SCHEMA_REFS = {'count': '#/$defs/count_or_null', 'key': '#/$defs/name_or_null'}
 def metadata_schema() -> dict:
     "The JSON Schema of each field of `META_FIELDS` (`run.schema.json` holds the same: a test keeps them equal)"
     return {f.name: {'$ref': _SCHEMA_REFS[f.kind], 'description': f.doc} for f in META_FIELDS}
-_STAGE_KEYS = (Cols.PHASE, 'Stage', 'Per', 'Where')
+METADATA_CHECKS = {}  # a feature's name -> its `check(value, checker, where)` of what it saves under that name in a run's metadata (`register_metadata`)
+BUILTIN_METADATA = {'stages': 'fastxtend_prof.stage_rows:check_stages'}  # the package's own features' checks, as 'module:function' (modules without torch), imported when a run holds the name
+
+def register_metadata(name:str, check) -> None:
+    "Have `load_profile` check what a feature saves under `name` in a run's metadata: `check(value, checker, where)` raises through the `Checker`'s `need`, `obj`, `rows` and `cell` (or a `ProfileFileError`) where the value is not what the feature writes and its readers rely on"
+    if not (isinstance(name, str) and name.isidentifier()): raise ValueError(f"a feature's name is a Python identifier, got {name!r}")
+    if not callable(check): raise ValueError(f'`check` must be callable as check(value, checker, where), got {check!r}')
+    METADATA_CHECKS[name] = check
+
+def metadata_check(name:str):
+    "The check for what a run holds under `name`: the one registered (`register_metadata`), else the package's own (`BUILTIN_METADATA`, imported now); None where there is none"
+    if name in METADATA_CHECKS or name not in BUILTIN_METADATA: return METADATA_CHECKS.get(name)
+    module, fn = BUILTIN_METADATA[name].split(':')
+    return getattr(importlib.import_module(module), fn)
+
 _REQUIRED = ('format', 'metadata', 'report', 'columns', 'results', 'distributions')  # a run's fields; `ranks` and `tables` may be left out
 
-class _Checker:
-    "Checks a document field by field and builds the run from it; the first field that is not right raises a `ProfileFileError` naming it"
+class Checker:
+    "Checks a document field by field and builds the run from it; the first field that is not right raises a `ProfileFileError` naming it. A feature's metadata check (`register_metadata`) is given one"
     def __init__(self, source:str): self.source = source
 
     def need(self, ok:bool, where:str, expected:str, v):
+        "A `ProfileFileError` at `where` unless `ok`: what was `expected` there, and what the file holds (`v`)"
         if not ok: raise _bad(self.source, where, expected, v)
 
+    def cell(self, kind:str, v, where:str):
+        "`v`, a value of `kind`: 'key' (a name), 'count' (a whole number >= 0), 'stat' (a number >= 0 or null), 'number' (or null), 'scalar' (any plain value)"
+        ok, expected = _CELLS[kind]
+        self.need(ok(v), where, expected, v)
+        return v
+
     def obj(self, v, where:str, most:int=MAX_ENTRIES) -> dict:
+        "`v`, an object of at most `most` entries"
         self.need(isinstance(v, dict) and len(v) <= most, where, f'an object of at most {most:,} entries', v)
         return v
 
@@ -365,22 +388,10 @@ class _Checker:
             stack.extend((v, keys + (k,)) for k, v in items if isinstance(v, (dict, list)))  # only the containers: a list of numbers costs one pass
         for k, kind in _META.items():
             if meta.get(k) is not None: self.need(_CELLS[kind][0](meta[k]), f'metadata[{k!r}]', _CELLS[kind][1] + ' or null', meta[k])
-        if meta.get('stages') is not None: self.stages(meta['stages'])
+        for k, v in meta.items():  # each feature's own, by the check it registered
+            check = None if v is None or k in _META else metadata_check(k)
+            if check is not None: check(v, self, f'metadata[{k!r}]')
         return meta
-
-    def stages(self, st):
-        "The loader stages' metadata (`stages=True`), as a comparison reads it: the rows where each stage ran, the batches each place made"
-        st = self.obj(st, "metadata['stages']")
-        cell = lambda k: 'key' if k in _STAGE_KEYS else 'stat' if k in (Cols.MEDIAN, Cols.CALLS) else 'scalar'
-        rows = self.rows(st.get('rows', []), "metadata['stages']['rows']", cell, need=(*_STAGE_KEYS, Cols.MEDIAN, Cols.CALLS))
-        seen = set()
-        for i, r in enumerate(rows):
-            key = tuple(r[k] for k in _STAGE_KEYS)
-            if key in seen: raise ProfileFileError(self.source, f"metadata['stages']['rows'][{i}]", f'a second row for {"/".join(key)}: expected one per {"/".join(_STAGE_KEYS)}')
-            seen.add(key)
-        for p, made in self.obj(st.get('batches', {}), "metadata['stages']['batches']").items():
-            for w, n in self.obj(made, f"metadata['stages']['batches'][{p!r}]").items():
-                self.need(_number(n, 0, whole=True), f"metadata['stages']['batches'][{p!r}][{w!r}]", 'a whole number >= 0', n)
 
     def words(self, w) -> tuple:
         "The report's title, advice (null where not known) and the features' lines"
@@ -429,7 +440,7 @@ class _Checker:
 # %% ../nbs/36_saved.ipynb #c2cf5a92
 def profile_from_doc(doc, source:str='') -> SavedProfile:
     "The run in `doc` (a parsed file of any format this version reads), moved to this version's layout (`migrate`) and checked field by field: a `ProfileFileError` names the first field that is not right"
-    doc, c = migrate(doc, source), _Checker(source)
+    doc, c = migrate(doc, source), Checker(source)
     missing = [k for k in _REQUIRED if k not in doc]
     if missing: raise ProfileFileError(source, '', f'missing the fields {missing} of a run (format {VERSION})')
     title, advice, lines = c.words(doc['report'])
@@ -462,9 +473,3 @@ def load_profiles(paths) -> list:
         if not found: raise ProfileFileError(repr(str(p)), '', 'is a folder without run files (*.json)')
         out += sorted(found, key=lambda r: (str(r.metadata.get('timestamp') or ''), r.source))
     return out
-
-# %% ../nbs/36_saved.ipynb #5956012f
-def stage_place(made:dict) -> tuple:
-    "`(workers, place)` of one loop's loader stages from the batches each place made (`{'worker 0': n, ...}`, `metadata['stages']['batches']`): the worker names, and where the merged rows are ('workers', the one worker, or 'main')"
-    workers = sorted(w for w in made if w.startswith('worker'))
-    return workers, 'workers' if len(workers) > 1 else workers[0] if workers else 'main'

@@ -24,7 +24,7 @@ from .recorder import Cols, Phase, Relay, Step, phase_intervals, stats
 from .report import format_duration, text_width
 from .advice import Advice, fill_text
 from .features import Feature, Later, register_feature
-from .saved import stage_place
+from .stage_rows import stage_place
 from .plots import new_axes, save_figure, duration_ticks
 from .gains import block_means, interval, paired_ratio, WHAT_IF_BLOCKS
 
