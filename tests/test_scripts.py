@@ -1,4 +1,4 @@
-"scripts/_venv.sh runs pip only when something the install depends on changed. A stand-in pip logs its calls instead of installing."
+"scripts/_venv.sh runs pip (or uv) only when something the install depends on changed. A stand-in pip (and uv) logs its calls instead of installing."
 import os, subprocess, sys
 from pathlib import Path
 
@@ -40,3 +40,23 @@ def test_a_stamp_that_does_not_match_reinstalls(tmp_path):
     (venv/'.fastxtend_prof-install-demo').write_text('an install from another checkout\n')
     assert len(set_up(venv)) == 2
     assert set_up(venv) == []
+
+def fake_uv(venv, works=True):
+    "A stand-in `$VENV/bin/uv` that appends its arguments to uv.log, and fails each install where not `works`"
+    uv = venv/'bin'/'uv'
+    uv.write_text(f'#!/usr/bin/env bash\necho "$*" >> {venv.parent}/uv.log\nexit {0 if works else 1}\n')
+    uv.chmod(0o755)
+    return venv.parent/'uv.log'
+
+def test_uv_installs_where_asked_and_pip_where_uv_cannot(tmp_path):
+    "INSTALLER=uv (scripts/test.sh's): the same two installs by uv, into the venv's python; pip does them where uv fails"
+    venv = fake_venv(tmp_path)
+    log = fake_uv(venv)
+    assert set_up(venv, INSTALLER='uv') == []   # uv was there: pip not even called to install it
+    calls = log.read_text().splitlines()
+    assert len(calls) == 2 and calls[0] == f"pip install -q --python {venv}/bin/python torch==2.13.0", calls
+    assert calls[1].endswith(f'-c {venv}/torch-constraint.txt -e {ROOT}[demo]'), calls
+    assert set_up(venv, INSTALLER='uv') == [] and len(log.read_text().splitlines()) == 2   # up to date: neither runs
+    fake_uv(venv, works=False)
+    pip = set_up(venv, extras='dev', INSTALLER='uv')   # uv fails: pip does both
+    assert len(pip) == 2 and pip[0].endswith('install torch==2.13.0') and pip[1].endswith(f'-e {ROOT}[dev]'), pip
