@@ -25,11 +25,13 @@ and `profiled`'s added cost over the floor's (the bar: 0.80).
     python benchmarks/instructions.py                       # needs valgrind and a C compiler (valgrind's callgrind.h)
     git worktree add /tmp/before HEAD~1 && python benchmarks/instructions.py --base /tmp/before   # before/after
     python benchmarks/instructions.py --json instructions.json
+    python benchmarks/instructions.py --configs imported --repeats 3   # the import's cost, each count thrice: medians
 
 With `--base`, each configuration that imports the package also runs with that checkout's package (`base:imported`,
 ...), and the table shows both.
 """
-import argparse, json, os, re, shutil, subprocess, sys, tempfile
+import argparse, json, math, os, re, shutil, subprocess, sys, tempfile
+import numpy as np
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -92,9 +94,9 @@ def build_helper(where:Path) -> Path:
     if p.returncode: sys.exit(f"could not compile the callgrind helper (valgrind's headers: valgrind/callgrind.h):\n{p.stderr}")
     return out
 
-def count(config:str, package:Path, helper:Path, where:Path) -> float:
-    "Instructions a batch of fastai's epoch loop in `config`, with the package at `package` (a checkout's root)"
-    tag = f'{config}-{abs(hash(str(package)))}'
+def count(config:str, package:Path, helper:Path, where:Path, repeat:int=0) -> float:
+    "Instructions a batch of fastai's epoch loop in `config`, with the package at `package` (a checkout's root); `repeat`: which count of several"
+    tag = f'{config}-{abs(hash(str(package)))}-{repeat}'
     out = where/f'callgrind.{tag}'
     env = dict(os.environ, PYTHONHASHSEED='0', OMP_NUM_THREADS='1', PYTHONPATH=str(package), PYTHONWARNINGS='ignore')
     cmd = ['valgrind', '--tool=callgrind', '--instr-atstart=no', f'--callgrind-out-file={out}.%p',
@@ -113,22 +115,32 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--base', type=Path, help="another checkout's root: its package is counted beside this one's")
     ap.add_argument('--json', type=Path, help='also write the counts here')
+    ap.add_argument('--configs', nargs='+', choices=CONFIGS, default=list(CONFIGS), help="which to count (`fastai` always: the others are read against it)")
+    ap.add_argument('--repeats', type=int, default=1, help='count each configuration this many times: the table gives the median, and the spread (max - min) where more than one')
     a = ap.parse_args()
-    runs = [(c, ROOT) for c in CONFIGS] + ([(f'base:{c}', a.base.resolve()) for c in CONFIGS[1:]] if a.base else [])
+    if a.repeats < 1: ap.error('--repeats must be at least 1')
+    configs = ['fastai', *(c for c in CONFIGS if c in a.configs and c != 'fastai')]
+    runs = [(c, ROOT) for c in configs] + ([(f'base:{c}', a.base.resolve()) for c in configs[1:]] if a.base else [])
+    jobs = [(n, p, i) for n, p in runs for i in range(a.repeats)]
     with tempfile.TemporaryDirectory() as d:
         where = Path(d)
         helper = build_helper(where)
         with ThreadPoolExecutor(os.cpu_count() or 2) as ex:  # instruction counts do not depend on what runs beside
-            got = dict(zip([n for n, _ in runs], ex.map(lambda r: count(r[0].removeprefix('base:'), r[1], helper, where), runs)))
+            counts = list(ex.map(lambda j: count(j[0].removeprefix('base:'), j[1], helper, where, j[2]), jobs))
+    every = {n: [v for (m, _, _), v in zip(jobs, counts) if m == n] for n, _ in runs}
+    got = {n: float(np.median(v)) for n, v in every.items()}
     plain = got['fastai']
-    print(f'Instructions a batch of fastai\'s epoch loop (synth_learner, {N_TRN}+{N_VAL} batches of 16, {EPOCHS} epochs):')
-    print(f'{"configuration":<18}{"instructions":>14}{"added":>12}{"of fastai":>11}{"× floor":>9}{"gc objects":>12}')
+    print(f'Instructions a batch of fastai\'s epoch loop (synth_learner, {N_TRN}+{N_VAL} batches of 16, {EPOCHS} epochs)'
+          + (f', the median of {a.repeats} counts each:' if a.repeats > 1 else ':'))
+    print(f'{"configuration":<18}{"instructions":>14}{"added":>12}{"of fastai":>11}{"× floor":>9}{"gc objects":>12}'
+          + (f'{"spread":>10}' if a.repeats > 1 else ''))
     for name, v in got.items():
         added = v - plain
-        floor = got['base:floor' if name.startswith('base:') else 'floor'] - plain
-        ratio = f'{added/floor:.2f}' if name.endswith('profiled') else ''
+        floor = got.get('base:floor' if name.startswith('base:') else 'floor', math.nan) - plain
+        ratio = f'{added/floor:.2f}' if name.endswith('profiled') and floor == floor else ''
         tracked = TRACKED[(name.removeprefix('base:'), str(a.base.resolve() if name.startswith('base:') else ROOT))]
-        print(f'{name:<18}{v:>14,.0f}{added:>+12,.0f}{added/plain:>+10.2%}{ratio:>9}{tracked:>12,}')
-    if a.json: a.json.write_text(json.dumps(dict(per_batch=got, batches=EPOCHS*(N_TRN + N_VAL)), indent=1))
+        spread = f'{max(every[name]) - min(every[name]):>10,.0f}' if a.repeats > 1 else ''
+        print(f'{name:<18}{v:>14,.0f}{added:>+12,.0f}{added/plain:>+10.2%}{ratio:>9}{tracked:>12,}{spread}')
+    if a.json: a.json.write_text(json.dumps(dict(per_batch=got, every=every, batches=EPOCHS*(N_TRN + N_VAL)), indent=1))
 
 if __name__ == '__main__': main()

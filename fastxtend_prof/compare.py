@@ -41,7 +41,7 @@ def change_stats(base, new, confidence:float=0.95, block:int=BLOCK) -> dict:
 # %% ../nbs/08_compare.ipynb #02a79ae2
 def stage_changes(base:SavedProfile, new:SavedProfile) -> pd.DataFrame|None:
     "The loader stages of two runs (`stages=True`), each where its run made it: the medians and their change in percent; None unless both timed them"
-    b, n = stage_view(base.metadata), stage_view(new.metadata)  # each run's stages, read back as the feature laid them out
+    b, n = stage_view(base.metadata), stage_view(new.metadata)  # each run's, as the feature laid them out
     if b.empty or n.empty: return None
     keys, cols = [Cols.PHASE, 'Stage', 'Per'], {'Where': 'Where', Cols.MEDIAN: 'Median', Cols.CALLS: 'Calls'}
     side = lambda df, w: df[[*keys, *cols]].rename(columns={c: f'{w} {v}' for c, v in cols.items()}).set_index(keys)
@@ -82,7 +82,8 @@ def _clear(p:float, lo:float, hi:float, alpha:float) -> bool:
     "Whether a tested change is no noise: its p-value under `alpha` and its interval `lo`..`hi` (percent) clear of zero"
     return p < alpha and (lo > 0 or hi < 0)
 
-def _row(b:SavedProfile, n:SavedProfile, rows:dict, phase, action, step, alpha, min_change, confidence, block=BLOCK) -> dict:
+def _row(b:SavedProfile, n:SavedProfile, rows:dict, phase, action, step, alpha, min_change, confidence,
+         block=BLOCK) -> dict:
     "One step's comparison; `rows`: each run's `result_rows` ('Base', 'New')"
     key, rows = (phase, step), {w: rows[w].get((str(phase), str(step)), {}) for w in ('Base', 'New')}
     if key in b.distributions and key in n.distributions: st = change_stats(b.distributions[key], n.distributions[key], confidence, block)
@@ -121,7 +122,8 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
     b, n = as_profile(base, 'base'), as_profile(new, 'new')
     keys = set(zip(n.results.Phase, n.results.Step))
     found = {'Base': result_rows(b.results), 'New': result_rows(n.results)}  # each run's rows, read once
-    rows = [_row(b, n, found, p, a, s, alpha, min_change, confidence, block) for p, a, s in zip(b.results.Phase, b.results.Action, b.results.Step)
+    rows = [_row(b, n, found, p, a, s, alpha, min_change, confidence, block)
+            for p, a, s in zip(b.results.Phase, b.results.Action, b.results.Step)
             if p != Phase.FIT and s in COMPARED and (p, s) in keys]
     if not rows: raise ValueError('`base` and `new` have no train or valid step in common to compare')
     out = pd.DataFrame(rows)

@@ -298,12 +298,15 @@ _SCHEMA_REFS = {'count': '#/$defs/count_or_null', 'key': '#/$defs/name_or_null'}
 def metadata_schema() -> dict:
     "The JSON Schema of each field of `META_FIELDS` (`run.schema.json` holds the same: a test keeps them equal)"
     return {f.name: {'$ref': _SCHEMA_REFS[f.kind], 'description': f.doc} for f in META_FIELDS}
-METADATA_CHECKS = {}  # a feature's name -> its `check(value, checker, where)` of what it saves under that name in a run's metadata (`register_metadata`)
-BUILTIN_METADATA = {'stages': 'fastxtend_prof.stage_rows:check_stages'}  # the package's own features' checks, as 'module:function' (modules without torch), imported when a run holds the name
+# A feature's name -> its `check(value, checker, where)` of what it saves under that name in a run's metadata (`register_metadata`)
+METADATA_CHECKS = {}
+# The package's own features' checks, as 'module:function' (modules without torch), imported when a run holds the name
+BUILTIN_METADATA = {'stages': 'fastxtend_prof.stage_rows:check_stages'}
 
 def register_metadata(name:str, check) -> None:
     "Have `load_profile` check what a feature saves under `name` in a run's metadata: `check(value, checker, where)` raises through the `Checker`'s `need`, `obj`, `rows` and `cell` (or a `ProfileFileError`) where the value is not what the feature writes and its readers rely on"
-    if not (isinstance(name, str) and name.isidentifier()): raise ValueError(f"a feature's name is a Python identifier, got {name!r}")
+    if not (isinstance(name, str) and name.isidentifier()):
+        raise ValueError(f"a feature's name is a Python identifier, got {name!r}")
     if not callable(check): raise ValueError(f'`check` must be callable as check(value, checker, where), got {check!r}')
     METADATA_CHECKS[name] = check
 

@@ -11,7 +11,7 @@ from .recorder import Cols
 from .saved import ProfileFileError
 
 # %% ../nbs/44_stage_rows.ipynb #66ccc296
-STAGE_KEYS = (Cols.PHASE, 'Stage', 'Per', 'Where')  # what names a stage row: its loop, stage, unit ('item' or 'batch') and place
+STAGE_KEYS = (Cols.PHASE, 'Stage', 'Per', 'Where')  # what names a stage row: its loop, stage, unit and place
 
 def stage_place(made:dict) -> tuple:
     "`(workers, place)` of one loop's loader stages from the batches each place made (`{'worker 0': n, ...}`, `metadata['stages']['batches']`): the worker names, and where the merged rows are ('workers', the one worker, or 'main')"
@@ -28,10 +28,12 @@ def check_stages(st, check, where:str="metadata['stages']"):
     for i, r in enumerate(rows):
         key = tuple(r[k] for k in STAGE_KEYS)
         if key in seen:
-            raise ProfileFileError(check.source, f"{where}['rows'][{i}]", f'a second row for {"/".join(key)}: expected one per {"/".join(STAGE_KEYS)}')
+            raise ProfileFileError(check.source, f"{where}['rows'][{i}]",
+                                   f'a second row for {"/".join(key)}: expected one per {"/".join(STAGE_KEYS)}')
         seen.add(key)
     for p, made in check.obj(st.get('batches', {}), f"{where}['batches']").items():
-        for w, n in check.obj(made, f"{where}['batches'][{p!r}]").items(): check.cell('count', n, f"{where}['batches'][{p!r}][{w!r}]")
+        for w, n in check.obj(made, f"{where}['batches'][{p!r}]").items():
+            check.cell('count', n, f"{where}['batches'][{p!r}][{w!r}]")
 
 # %% ../nbs/44_stage_rows.ipynb #eb88f785
 def stage_view(meta:dict) -> pd.DataFrame:
