@@ -54,7 +54,7 @@ def test_uv_installs_where_asked_and_pip_where_uv_cannot(tmp_path):
     log = fake_uv(venv)
     assert set_up(venv, INSTALLER='uv') == []   # uv was there: pip not even called to install it
     calls = log.read_text().splitlines()
-    assert len(calls) == 2 and calls[0] == f"pip install -q --python {venv}/bin/python torch==2.13.0", calls
+    assert len(calls) == 2 and calls[0] == f"pip install -q --compile-bytecode --python {venv}/bin/python torch==2.13.0", calls
     assert calls[1].endswith(f'-c {venv}/torch-constraint.txt -e {ROOT}[demo]'), calls
     assert set_up(venv, INSTALLER='uv') == [] and len(log.read_text().splitlines()) == 2   # up to date: neither runs
     fake_uv(venv, works=False)
