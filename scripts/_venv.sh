@@ -6,7 +6,7 @@
 # pip runs only when the install is missing or out of date: a stamp in $VENV records what the last successful install
 # depended on. The package is installed editable, so code changes need no reinstall.
 # INSTALLER=uv (scripts/test.sh's default): the two installs by uv (a Rust installer, itself pip-installed into $VENV),
-# which resolves, unpacks and compiles in parallel: the test environment in about 75 s instead of pip's 250 (95 s for
+# which resolves, unpacks and compiles in parallel: the test environment in about 90 s instead of pip's 250 (95 s for
 # torch, 145 s for the project and its ~190 packages, 200 s of them CPU) on a quiet 2-core machine, the same versions of
 # every package.
 # uv reads no pip configuration (pip.conf's indexes, find-links or constraints): where it cannot install, pip does.
