@@ -348,9 +348,7 @@ class Checker:
         for i, r in enumerate(rows):
             self.need(isinstance(r, dict) and all(k in r for k in need) and (cols is None or set(r) <= cols), f'{where}[{i}]',
                       f'an object with {list(need)}' if need else 'an object whose keys are among the columns', r)
-            for k, v in r.items():
-                ok, expected = _CELLS[cell(k)]
-                self.need(ok(v), f'{where}[{i}][{k!r}]', expected, v)
+            for k, v in r.items(): self.cell(cell(k), v, f'{where}[{i}][{k!r}]')
         return rows
 
     def table(self, doc:dict, where:str, cell=lambda c: 'scalar', need:tuple=(), cols_key:str='columns', rows_key:str='rows') -> pd.DataFrame:

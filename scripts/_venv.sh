@@ -30,9 +30,9 @@ for f in ("pyproject.toml", "fastxtend_prof/__init__.py"): print(f, hashlib.sha2
 # The two installs by uv; false (and a line saying so) where uv cannot be had or cannot install them, for pip to do it
 with_uv() {
   { [ -x "$VENV/bin/uv" ] || quiet_pip install uv; } || { echo "(uv could not be installed: pip installs instead)" >&2; return 1; }
-  # shellcheck disable=SC2086
   # Compiled to bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set (as on these machines) nothing is compiled on
   # import, and every process that imports fastai would compile it again (18.6 CPU seconds instead of 7.4)
+  # shellcheck disable=SC2086
   if "$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" $TORCH_SPEC \
      && "$VENV/bin/uv" pip install -q --compile-bytecode --python "$VENV/bin/python" -c "$VENV/torch-constraint.txt" -e "$ROOT[$EXTRAS]"; then return 0; fi
   echo "(uv could not install the environment: pip installs instead)" >&2; return 1
