@@ -10,7 +10,7 @@ __all__ = ['HEAVY', 'TORCH_NAMESPACES', 'HOOK_DICTS', 'GLOBAL_HOOKS', 'MAX_SHAPE
            'flops_text', 'low_mfu', 'Flops']
 
 # %% ../nbs/18_flops.ipynb #8dc875f4
-import contextlib, copy, functools, inspect, math, operator, random, re, sys, time, types, weakref
+import contextlib, copy, functools, inspect, math, operator, re, sys, time, types, weakref
 from dataclasses import dataclass, field
 from functools import partial
 import numpy as np, pandas as pd, torch, torch.nn as nn
@@ -26,6 +26,7 @@ from .events import train_device
 from .features import Feature, register_feature
 from .gains import train_intervals
 from .rules import gains
+from .cache import RandomStates  # taken before the count, put back after: the count draws nothing of the user's
 
 # %% ../nbs/18_flops.ipynb #b3c3f900
 HEAVY = re.compile(r'mm|conv|attention|cdist|linalg|lstm|gru|rnn|matmul|dot|einsum|tensordot|fft|cholesky|svd|_qr|triangular')
@@ -221,30 +222,13 @@ def _fakes_stay_fake():
         if prev is None: del torch.Tensor.as_subclass
         else: torch.Tensor.as_subclass = prev
 
-def _rng_state() -> dict:
-    s = dict(py=random.getstate(), np=np.random.get_state(), cpu=torch.random.get_rng_state())
-    if torch.cuda.is_available() and torch.cuda.is_initialized(): s['cuda'] = torch.cuda.get_rng_state_all()  # never initialises CUDA
-    return s
-
-def _rng_restore(s:dict) -> bool:
-    "Put back the random states saved in `s` that changed; whether any had"
-    changed = False
-    if random.getstate() != s['py']: random.setstate(s['py']); changed = True
-    n = np.random.get_state()
-    if not (n[0] == s['np'][0] and np.array_equal(n[1], s['np'][1]) and n[2:] == s['np'][2:]): np.random.set_state(s['np']); changed = True
-    if not torch.equal(torch.random.get_rng_state(), s['cpu']): torch.random.set_rng_state(s['cpu']); changed = True
-    if 'cuda' in s:
-        now = torch.cuda.get_rng_state_all()
-        if any(not torch.equal(a, b) for a, b in zip(now, s['cuda'])): torch.cuda.set_rng_state_all(s['cuda']); changed = True
-    return changed
-
 def side_count(model, loss_func, xb:tuple, yb:tuple, keep=()) -> dict:
     """FLOPs of one train batch, counted on a fake copy: `dict(forward, loss, backward, uncounted, seconds)`; backward is NaN when the
     loss needs no grad. `keep`: objects the copy shares rather than copies (the Learner). Raises `SideCountError` when it can't count."""
     t0 = time.perf_counter()
     stance = 'torch._dynamo' in sys.modules  # something was compiled only if dynamo is imported already
     from torch._subclasses.fake_tensor import FakeTensorMode, DataDependentOutputException, UnsupportedFakeTensorException
-    rng, hooks = _rng_state(), {k: dict(getattr(_mm, k)) for k in GLOBAL_HOOKS}
+    rng, hooks = RandomStates(), {k: dict(getattr(_mm, k)) for k in GLOBAL_HOOKS}
     cache = torch.is_autocast_cache_enabled()
     counter, fakeify, phase, res, consumed = OpCounter(), None, 'copy', {}, False
     try:
@@ -273,7 +257,7 @@ def side_count(model, loss_func, xb:tuple, yb:tuple, keep=()) -> dict:
     finally:
         torch.set_autocast_cache_enabled(cache)
         for k, v in hooks.items(): d = getattr(_mm, k); d.clear(); d.update(v)
-        consumed = _rng_restore(rng)
+        consumed = rng.restore()
     return dict(forward=float(res[Step.FORWARD]), loss=float(res[Step.LOSS]), backward=float(res[Step.BACKWARD]),
                 uncounted=dict(counter.uncounted), seconds=time.perf_counter() - t0,
                 real_tensors_faked=len(fakeify.converted) if fakeify else 0, rng_consumed=consumed)  # the last two: checks for the tests

@@ -4,19 +4,19 @@
 
 # %% auto #0
 __all__ = ['TARGET_SHARE', 'MIN_PREDICTED', 'KNEE', 'SLACK', 'OVERSUBSCRIBE', 'SPARE', 'PROBE_BATCHES', 'PROBE_TIME', 'SAVES',
-           'STRATEGIES', 'CHANGES', 'SETTERS', 'TRIAL_COLS', 'KEEP', 'SPEED_FORMAT', 'RECORD_ENV', 'RECORD_COLS',
-           'PROBED', 'steady_times', 'predict_workers', 'loader_wait', 'Fix', 'tune_context', 'predict_cache',
-           'predict_resize_on_batch', 'predict_num_workers', 'predict_pin_memory', 'predict_transforms_on_device',
-           'predict_channels_last', 'predict_mixed_precision', 'predict_batch_size', 'predict_threads', 'plan',
-           'bound_by', 'LearnerState', 'set_num_workers', 'set_pin_memory', 'set_transforms_device',
-           'set_optimizer_flag', 'set_channels_last', 'set_mixed_precision', 'set_threads', 'set_batch_size',
-           'set_item_cache', 'batch_resize', 'set_resize_on_batch', 'probe_resize', 'Strategy', 'probe_loader',
-           'TrialEnd', 'set_aside', 'run_trial', 'without_last', 'SpeedResult', 'append_record', 'calibration',
-           'load_speed']
+           'CHANGE_KINDS', 'REPROBES', 'STRATEGIES', 'CHANGES', 'SETTERS', 'TRIAL_COLS', 'KEEP', 'SPEED_FORMAT',
+           'RECORD_ENV', 'RECORD_COLS', 'PROBED', 'steady_times', 'predict_workers', 'loader_wait', 'Fix',
+           'TuneContext', 'tune_context', 'predict_cache', 'predict_resize_on_batch', 'predict_num_workers',
+           'predict_pin_memory', 'predict_transforms_on_device', 'predict_channels_last', 'predict_mixed_precision',
+           'predict_batch_size', 'predict_threads', 'plan', 'bound_by', 'LearnerState', 'set_num_workers',
+           'set_pin_memory', 'set_transforms_device', 'set_optimizer_flag', 'set_channels_last', 'set_mixed_precision',
+           'set_threads', 'set_batch_size', 'set_item_cache', 'batch_resize', 'set_resize_on_batch', 'probe_resize',
+           'Strategy', 'register_strategy', 'allowed', 'probe_loader', 'TrialEnd', 'set_aside', 'run_trial',
+           'without_last', 'SpeedResult', 'append_record', 'calibration', 'load_speed']
 
 # %% ../nbs/17_tune.ipynb #298c8c3a
 import copy, gc, json, math, os, random, time
-from dataclasses import dataclass, field, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 import numpy as np, pandas as pd, torch
 from torch import nn
@@ -41,7 +41,8 @@ from .advice import fill_text
 from .stages import thread_times, work_share, WAITING, HANDOFF, cores, keep_up
 from .cores import CORE_WAIT_SHARE, wait_share
 from .features import FEATURES
-from .cache import BUDGET, ItemCache, cache_loaders, probe_cache, rng_states, set_rng_states
+import fastxtend_prof.cache as _cache  # its budgets read when used: a test (or a user) may set them
+from .cache import ItemCache, RandomStates, cache_loaders, probe_cache
 
 # %% ../nbs/17_tune.ipynb #89a7b6fd
 TARGET_SHARE = 0.1  # a step at least this share of the train iteration is worth a trial
@@ -66,12 +67,13 @@ def predict_workers(wait:float, # Median seconds a batch waits for the loader no
                     share:float=1., # Of the loading time, the share that needs a core (`probe_loader`); the rest it waits (storage, sleeps)
                     load:float|None=None, # One process's loading time a batch where it was measured (`probe_loader`), for `k0` > 0
                     slack:float=1., # Count the loading time this many times over (`SLACK`: the headroom the tuner's choice asks for)
+                    saves:float=0., # Seconds of one process's loading a batch that a fix takes off (the item cache, the resize moved)
                    ) -> float:
     "Predicted median train iteration with `k` loader workers, from the `wait` and `iteration` measured with `k0`; a worker's batch costs `HANDOFF` more"
     compute = max(iteration - wait, 0.)  # the main process's own work per batch
     if k0 == 0: load = wait  # the loop loads each batch itself
     elif load is None or load != load: load = k0*iteration - HANDOFF  # k0 workers that can't keep up each take k0 iterations a batch
-    return keep_up(slack*load, compute, k, n_cores, share)
+    return keep_up(max(slack*load - saves, 0.), compute, k, n_cores, share)
 
 def loader_wait(times:dict) -> float:
     "Of the train iteration of `times` (`steady_times`), the share the loop waited for its loader (the draw, where it was not split)"
@@ -91,13 +93,61 @@ class Fix:
     def name(self) -> str: return STRATEGIES[self.kind].label(self.value) if self.kind in STRATEGIES else f'{self.kind}={self.value}'
 
 # %% ../nbs/17_tune.ipynb #a1ea046b
-def tune_context(learn) -> dict:
-    "What the tuner may change on `learn`: device, cores, the train loader's settings, the optimizer, convolutions, callbacks"
+@dataclass
+class TuneContext:
+    "What the tuner knows of a Learner, read by every strategy's `predict`: what it may change (`tune_context`), what the probes of its loader found (`PROBED`, `speed_find`'s), the training thread's wait for a core, and each strategy's own `needs`"
+    device:str='cpu' # The model's device type: 'cpu', 'cuda', 'mps'
+    model_device:object=None # The model's `torch.device`
+    cores:int=1 # Cores this process may run on (`stages.cores`)
+    threads:int=1 # torch's intra-op threads
+    fastai_loader:bool=False # The train loader is a fastai `DataLoader` (its workers and pinning can be set)
+    num_workers:int|None=None # Its workers (None: not a fastai loader)
+    pin_memory:bool=False # It pins its batches
+    n_batches:int=0 # Its batches an epoch
+    bs:int|None=None # Its batch size
+    dls_device:object=None # `dls.device`: where the batch transforms run (None: where fastai decides)
+    optimizer:str|None=None # The torch optimizer's class inside fastai's `OptimWrapper` (None: none)
+    foreach:bool=False # ... with `foreach` on
+    fused:bool=False # ... with `fused` on
+    fused_ok:bool=False # ... which takes `fused`
+    conv:bool=False # The model has convolutions
+    channels_last:bool=False # ... in channels_last already
+    mixed_precision:bool=False # fastai's `MixedPrecision` is on
+    cached:bool=False # The item cache is on
+    loader_share:float=math.nan # Probed: the share of its time the loader alone computes (`probe_loader`)
+    loader_batch:float=math.nan # Probed: its seconds a batch, alone, without workers
+    cache_saves:float=0. # Probed: seconds an item the item cache saves (`probe_cache`)
+    cache_kept:float=1. # Probed: the share of the items it can keep
+    cache_why:str='' # Probed: why it can't be used ('' where it can)
+    cache_bytes:float=0. # Probed: the bytes of all the items it would keep (the memory budget holds `cache.BUDGET` of them)
+    cache_disk_saves:float=0. # Probed: seconds an item kept on disk saves (reading it back costs too)
+    resize_saves:float=0. # Probed: seconds an item the item resize takes (`probe_resize`)
+    resize_why:str='' # Probed: why it can't move to the batch
+    probed:bool=False # The loader was probed (`speed_find` probes a loader the loop waits for)
+    core_wait:float=math.nan # The share of the train loops the training thread waited for a core (the `cores` feature)
+    needs:dict=field(default_factory=dict) # What each strategy with `needs` read from the Learner, by its kind
+
+    def plain(self) -> dict:
+        "The fields as JSON takes them (a device as its name; a strategy's need as it is where JSON takes it, else its text)"
+        plain = lambda v: v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+        d = {f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name != 'needs'}
+        return {**d, 'needs': {k: v if isinstance(v, (list, dict)) else plain(v) for k, v in self.needs.items()}}
+
+    @classmethod
+    def read(cls, d:dict):
+        "The context of the fields of `d` (a saved `plain` or a plain dict), the others left at their defaults; a field this version does not know is left out"
+        if isinstance(d, cls): return d
+        if not isinstance(d, dict): raise TypeError(f'a tuning context is a `TuneContext` or a dict of its fields, got {type(d).__name__}')
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in d.items() if k in names})
+
+def tune_context(learn) -> TuneContext:
+    "What the tuner may change on `learn`: device, cores, the train loader's settings, the optimizer, convolutions, callbacks, and what each strategy `needs`"
     dl, model, device, inner = learn.dls.train, learn.model, train_device(learn), torch_optimizer(learn)
     torch_opt, loader = inner is not None, loader_settings(dl)
     flag = lambda k: torch_opt and any(bool(g.get(k)) for g in inner.param_groups)
     fastai_dl = loader['loader'] == 'fastai'
-    return dict(device=device.type, model_device=device, cores=cores(), threads=torch.get_num_threads(), fastai_loader=fastai_dl,
+    return TuneContext(device=device.type, model_device=device, cores=cores(), threads=torch.get_num_threads(), fastai_loader=fastai_dl,
                 num_workers=loader['num_workers'] if fastai_dl else None, pin_memory=bool(loader['pin_memory']),
                 n_batches=len(dl), bs=getattr(dl, 'bs', None), dls_device=getattr(dl, 'device', None),
                 optimizer=type(inner).__name__ if torch_opt else None, foreach=flag('foreach'), fused=flag('fused'),
@@ -105,7 +155,8 @@ def tune_context(learn) -> dict:
                 conv=any(isinstance(m, nn.modules.conv._ConvNd) for m in model.modules()),
                 channels_last=any(q.dim() == 4 and q.is_contiguous(memory_format=torch.channels_last) and not q.is_contiguous() for q in model.parameters()),
                 mixed_precision=hasattr(learn, 'mixed_precision'),
-                cached=isinstance(getattr(dl.__dict__.get('do_item'), '__self__', None), ItemCache))
+                cached=isinstance(getattr(dl.__dict__.get('do_item'), '__self__', None), ItemCache),
+                needs={k: s.needs(learn) for k, s in STRATEGIES.items() if s.needs is not None})
 
 # %% ../nbs/17_tune.ipynb #d52074a9
 def _gain(it, pred) -> float: return 100*(1 - pred/it) if it > 0 else 0.
@@ -114,47 +165,54 @@ def _parts(times:dict) -> tuple:
     "`(iteration, wait)`: the train iteration of `times` and the loop's wait for its loader (the draw where it was not split)"
     return times.get(Step.ITERATION, 0.), times.get(Step.WAIT, times.get(Step.DRAW, 0.))
 
-def _less_loading(times:dict, ctx:dict, per:float) -> float:
-    "The train iteration predicted with `per` seconds of loading a batch less, with the workers there are (`keep_up`)"
+def _less_loading(times:dict, ctx:TuneContext, per:float) -> float:
+    "The train iteration predicted with `per` seconds of loading a batch less, with the workers there are (`predict_workers`)"
     it, wait = _parts(times)
-    k0, s, load = ctx['num_workers'] or 0, ctx.get('loader_share', math.nan), ctx.get('loader_batch', math.nan)
-    load = wait if not k0 else load if load == load else k0*it - HANDOFF  # one process's loading a batch, as `predict_workers` reads it
-    return keep_up(max(load - per, 0.), max(it - wait, 0.), k0, ctx['cores'], s if s == s else 1.)
+    k0, s = ctx.num_workers or 0, ctx.loader_share
+    return predict_workers(wait, it, k0, k0, ctx.cores, s if s == s else 1., ctx.loader_batch, saves=per)
 
-def predict_cache(times:dict, ctx:dict, allow=()) -> tuple:
+def predict_cache(times:dict, ctx:TuneContext, allow=()) -> tuple:
     "The item cache: the loader's work a batch that `probe_cache` says the cache removes (`cache_saves` an item), taken off one process's loading, with the workers there are"
     it, wait = _parts(times)
-    if ctx.get('cached') or loader_wait(times) < TARGET_SHARE: return [], []
-    per = ctx.get('cache_saves', 0.)*(ctx.get('bs') or 1)  # seconds a batch
-    if per <= 0: return [], [f"item cache: {ctx['cache_why']}"] if ctx.get('cache_why') else []
-    return [Fix('cache_items', BUDGET, Step.WAIT, _less_loading(times, ctx, per),
-                f"the loader's wait is {wait/it:.0%} of the iteration, and making its items up to their first random transform takes "
-                f"{format_duration(per)} a batch ({ctx.get('cache_kept', 1.):.0%} of the items can be kept): made once, kept in memory")], []
+    if ctx.cached or loader_wait(times) < TARGET_SHARE: return [], []
+    per = ctx.cache_saves*(ctx.bs or 1)  # seconds a batch
+    if per <= 0: return [], [f"item cache: {ctx.cache_why}"] if ctx.cache_why else []
+    budget = _cache.BUDGET
+    fits = min(1., budget/ctx.cache_bytes) if ctx.cache_bytes > 0 else 1.  # the share of the kept items the memory budget holds
+    head = (f"the loader's wait is {wait/it:.0%} of the iteration, and making its items up to their first random transform takes "
+            f"{format_duration(per)} a batch ({ctx.cache_kept:.0%} of the items can be kept): made once, kept in memory")
+    mem = Fix('cache_items', budget, Step.WAIT, _less_loading(times, ctx, fits*per),
+              head + (f' (its budget, {budget/2**20:,.0f} MiB, holds {fits:.0%} of them; the others are made as before)' if fits < 1 else ''))
+    if fits >= 1 or ctx.cache_disk_saves <= 0: return [mem], []
+    on_disk = min(1. - fits, _cache.DISK_BUDGET/ctx.cache_bytes)  # the share past the memory budget that the disk budget holds
+    disk = Fix('cache_items', 'disk', Step.WAIT, _less_loading(times, ctx, fits*per + on_disk*ctx.cache_disk_saves*(ctx.bs or 1)),
+               head + f' up to its budget ({fits:.0%} of them), and on disk past it (a read costs less than making the item)')
+    return [disk if _gain(mem.predicted, disk.predicted) >= MIN_PREDICTED else mem], []  # the disk only where it is worth its reads and its space
 
-def predict_resize_on_batch(times:dict, ctx:dict, allow=()) -> tuple:
+def predict_resize_on_batch(times:dict, ctx:TuneContext, allow=()) -> tuple:
     "The item `Resize` done by the batch augmentation instead (`set_resize_on_batch`), when allowed (another interpolation): the loader's resizing a batch (`probe_resize`) taken off; the batch transforms' work on the larger images is not predicted"
     it, wait = _parts(times)
     if 'resize_on_batch' not in allow or loader_wait(times) < TARGET_SHARE: return [], []
-    if ctx.get('cached'): return [], ['resize on the batch: the item cache keeps the resized items']
-    per = ctx.get('resize_saves', 0.)*(ctx.get('bs') or 1)
-    if per <= 0: return [], [f"resize on the batch: {ctx['resize_why']}"] if ctx.get('resize_why') else []
+    if ctx.cached: return [], ['resize on the batch: the item cache keeps the resized items']
+    per = ctx.resize_saves*(ctx.bs or 1)
+    if per <= 0: return [], [f"resize on the batch: {ctx.resize_why}"] if ctx.resize_why else []
     return [Fix('resize_on_batch', True, Step.WAIT, _less_loading(times, ctx, per),
                 f"the loader's wait is {wait/it:.0%} of the iteration, and its item resize takes {format_duration(per)} a batch; the batch "
                 "augmentation can resize instead (the batch transforms then work on the larger images)")], []
 
-def predict_num_workers(times:dict, ctx:dict, allow=()) -> tuple:
+def predict_num_workers(times:dict, ctx:TuneContext, allow=()) -> tuple:
     "Loader workers: every count from the ones there are up to what the cores (or, for a loader that waits, `OVERSUBSCRIBE` a core) can keep busy, the knee of `predict_workers`"
     it, wait = _parts(times)
     if loader_wait(times) < TARGET_SHARE: return [], []
-    k0, n, s, load = ctx['num_workers'], ctx['cores'], ctx.get('loader_share', math.nan), ctx.get('loader_batch', math.nan)
+    k0, n, s, load = ctx.num_workers, ctx.cores, ctx.loader_share, ctx.loader_batch
     waits = s == s and s < WAITING  # a loader that mostly waits: more workers than cores can help
-    top = min(max(n, min(OVERSUBSCRIBE*n, math.floor(n/max(s, 1e-9)))) if waits else n, ctx['n_batches'])
+    top = min(max(n, min(OVERSUBSCRIBE*n, math.floor(n/max(s, 1e-9)))) if waits else n, ctx.n_batches)
     ks = list(range((k0 or 0) + 1, top + 1))  # every count: the knee picks the fewest within `KNEE` of the best prediction
     alone = f'the loader alone computes {s:.0%} of its time' if s == s else ''
-    if not ctx['fastai_loader']: return [], ['num_workers: the train loader is not a fastai DataLoader']
+    if not ctx.fastai_loader: return [], ['num_workers: the train loader is not a fastai DataLoader']
     if not ks and waits:
-        return [], [f"num_workers: already {k0}, as many as the machine's {n} cores can keep busy with a loader that waits ({alone}; at most {OVERSUBSCRIBE} workers a core, or the loader's {ctx['n_batches']} batches)"]
-    if not ks: return [], [f"num_workers: already {k0}, as many as the machine's {n} cores{' and a spare' if k0 > n else ''} (or the loader's {ctx['n_batches']} batches) allow" + (f'; {alone}' if alone else '')]
+        return [], [f"num_workers: already {k0}, as many as the machine's {n} cores can keep busy with a loader that waits ({alone}; at most {OVERSUBSCRIBE} workers a core, or the loader's {ctx.n_batches} batches)"]
+    if not ks: return [], [f"num_workers: already {k0}, as many as the machine's {n} cores{' and a spare' if k0 > n else ''} (or the loader's {ctx.n_batches} batches) allow" + (f'; {alone}' if alone else '')]
     if k0 and load == load and (load + HANDOFF)/k0 <= (1 - TARGET_SHARE)*it:  # the workers are ahead of the loop already
         return [], [f'num_workers: the {k0} workers already make a batch every {format_duration((load + HANDOFF)/k0)} (the loader alone took '
                     f'{format_duration(load)} a batch), ahead of the loop\'s {format_duration(it)}: the wait left ({wait/it:.0%}) is the hand-over, '
@@ -163,64 +221,64 @@ def predict_num_workers(times:dict, ctx:dict, allow=()) -> tuple:
     room = {k: predict_workers(wait, it, k0, k, n, s, load, SLACK) for k in ks} if waits else pred  # chosen with headroom, predicted without
     k = next(k for k in ks if room[k] <= KNEE*min(room.values()))
     more = f' and waits the rest, so more workers than the {n} cores can help' if waits else ''
-    if not waits and k == n and k + SPARE <= ctx['n_batches']:  # the cores bound a loader that computes
+    if not waits and k == n and k + SPARE <= ctx.n_batches:  # the cores bound a loader that computes
         k, more = k + SPARE, f'; the {n} cores bound it, and {SPARE} worker{"s" if SPARE > 1 else ""} more keep{"" if SPARE > 1 else "s"} a batch in hand (batches come back in order)'
     return [Fix('num_workers', k, Step.WAIT, predict_workers(wait, it, k0, k, n, s if waits else 1., load),
                 f"the loader's wait is {wait/it:.0%} of the iteration with num_workers={k0}" + (f'; {alone}' if alone else '') + more)], []
 
-def predict_pin_memory(times:dict, ctx:dict, allow=()) -> tuple:
+def predict_pin_memory(times:dict, ctx:TuneContext, allow=()) -> tuple:
     "Pinned memory, on an accelerator, where the copy to it is `TARGET_SHARE` of the iteration or more"
     it, transfer = times.get(Step.ITERATION, 0.), times.get(Step.TRANSFER, 0.)
-    if ctx['device'] == 'cpu' or not ctx['fastai_loader'] or ctx['pin_memory'] or transfer/it < TARGET_SHARE: return [], []
+    if ctx.device == 'cpu' or not ctx.fastai_loader or ctx.pin_memory or transfer/it < TARGET_SHARE: return [], []
     return [Fix('pin_memory', True, Step.TRANSFER, amdahl(it, transfer, SAVES['pin_memory']), f'the copy to the device is {transfer/it:.0%} of the iteration')], []
 
-def predict_transforms_on_device(times:dict, ctx:dict, allow=()) -> tuple:
+def predict_transforms_on_device(times:dict, ctx:TuneContext, allow=()) -> tuple:
     "The batch transforms on the accelerator, where they run on the host and are `TARGET_SHARE` of the iteration or more"
     it, tfms = times.get(Step.ITERATION, 0.), times.get(Step.TRANSFORMS, 0.)
     if tfms/it < TARGET_SHARE: return [], []
-    if ctx['device'] == 'cpu' or ctx['dls_device'] is not None:
+    if ctx.device == 'cpu' or ctx.dls_device is not None:
         return [], ['batch transforms: they run where the model is (`dls.device`); fewer or cheaper transforms is a change for you to make']
-    return [Fix('transforms_on_device', ctx['model_device'], Step.TRANSFORMS, amdahl(it, tfms, SAVES['transforms_on_device']),
+    return [Fix('transforms_on_device', ctx.model_device, Step.TRANSFORMS, amdahl(it, tfms, SAVES['transforms_on_device']),
                 f'the batch transforms run on the host and are {tfms/it:.0%} of the iteration')], []
 
 def _predict_optimizer(flag:str):
     "`foreach` or `fused` on a torch optimizer through fastai's `OptimWrapper`, where its step is `TARGET_SHARE` of the iteration or more"
-    def predict(times:dict, ctx:dict, allow=()) -> tuple:
+    def predict(times:dict, ctx:TuneContext, allow=()) -> tuple:
         it, opt = times.get(Step.ITERATION, 0.), times.get(Step.OPT_STEP, 0.)
         if opt/it < TARGET_SHARE: return [], []
-        if ctx['optimizer'] is None:
+        if ctx.optimizer is None:
             return [], ["optimizer step: not a torch optimizer through fastai's OptimWrapper, so foreach/fused can't be switched on"] if flag == 'foreach' else []
-        if ctx['fused'] or (flag == 'foreach' and ctx['foreach']) or (flag == 'fused' and not ctx['fused_ok']): return [], []
-        return [Fix(flag, True, Step.OPT_STEP, amdahl(it, opt, SAVES[flag]), f"the optimizer step ({ctx['optimizer']}) is {opt/it:.0%} of the iteration")], []
+        if ctx.fused or (flag == 'foreach' and ctx.foreach) or (flag == 'fused' and not ctx.fused_ok): return [], []
+        return [Fix(flag, True, Step.OPT_STEP, amdahl(it, opt, SAVES[flag]), f"the optimizer step ({ctx.optimizer}) is {opt/it:.0%} of the iteration")], []
     predict.__name__ = predict.__qualname__ = f'predict_{flag}'
     return predict
 
-def predict_channels_last(times:dict, ctx:dict, allow=()) -> tuple:
+def predict_channels_last(times:dict, ctx:TuneContext, allow=()) -> tuple:
     "channels_last, on an accelerator, for a convolutional model whose forward and backward are `TARGET_SHARE` of the iteration or more"
     it = times.get(Step.ITERATION, 0.)
     fb = (times.get(Step.FORWARD, 0.) + times.get(Step.BACKWARD, 0.))/it
-    if not ctx['conv'] or ctx['channels_last'] or fb < TARGET_SHARE: return [], []
-    if ctx['device'] == 'cpu': return [], ['channels_last: only tried on an accelerator']
+    if not ctx.conv or ctx.channels_last or fb < TARGET_SHARE: return [], []
+    if ctx.device == 'cpu': return [], ['channels_last: only tried on an accelerator']
     return [Fix('channels_last', True, Step.FORWARD, amdahl(it, fb*it, SAVES['channels_last']), f'a convolutional model: forward and backward are {fb:.0%} of the iteration')], []
 
-def predict_mixed_precision(times:dict, ctx:dict, allow=()) -> tuple:
+def predict_mixed_precision(times:dict, ctx:TuneContext, allow=()) -> tuple:
     "Mixed precision, on an accelerator, when allowed (it changes the numerics)"
     it = times.get(Step.ITERATION, 0.)
     fb = (times.get(Step.FORWARD, 0.) + times.get(Step.BACKWARD, 0.))/it
-    if 'mixed_precision' not in allow or ctx['mixed_precision']: return [], []
-    if ctx['device'] == 'cpu': return [], ['mixed precision: only tried on an accelerator']
+    if 'mixed_precision' not in allow or ctx.mixed_precision: return [], []
+    if ctx.device == 'cpu': return [], ['mixed precision: only tried on an accelerator']
     return [Fix('mixed_precision', True, Step.FORWARD, amdahl(it, fb*it, SAVES['mixed_precision']), f'forward and backward are {fb:.0%} of the iteration')], []
 
-def predict_batch_size(times:dict, ctx:dict, allow=()) -> tuple:
+def predict_batch_size(times:dict, ctx:TuneContext, allow=()) -> tuple:
     "Twice the batch, when allowed (it changes the training): the per-batch costs shared over more samples"
     it = times.get(Step.ITERATION, 0.)
-    if 'batch_size' not in allow or not ctx['fastai_loader'] or not ctx['bs']: return [], []
-    return [Fix('batch_size', 2*ctx['bs'], Step.ITERATION, amdahl(it, times.get(Step.OTHER, 0.), SAVES['batch_size']),
+    if 'batch_size' not in allow or not ctx.fastai_loader or not ctx.bs: return [], []
+    return [Fix('batch_size', 2*ctx.bs, Step.ITERATION, amdahl(it, times.get(Step.OTHER, 0.), SAVES['batch_size']),
                 'a larger batch shares the per-batch costs (the callbacks, the loop) over more samples')], []
 
-def predict_threads(times:dict, ctx:dict, allow=()) -> tuple:
+def predict_threads(times:dict, ctx:TuneContext, allow=()) -> tuple:
     "Fewer torch threads, where the training thread waited for a core `CORE_WAIT_SHARE` of the train loops or more (`core_wait`, the `cores` feature's) and torch's threads and the loader's workers want more cores than there are: as many as the workers leave, the wait predicted gone"
-    it, w, t, k0, n = times.get(Step.ITERATION, 0.), ctx.get('core_wait', math.nan), ctx.get('threads', 1), ctx.get('num_workers') or 0, ctx['cores']
+    it, w, t, k0, n = times.get(Step.ITERATION, 0.), ctx.core_wait, ctx.threads, ctx.num_workers or 0, ctx.cores
     if not w >= CORE_WAIT_SHARE or t <= 1: return [], []
     k = max(1, n - k0)
     if k >= t: return [], [f"torch threads: the training thread waited for a core {w:.0%} of the train loops, but torch's {t} threads and the "
@@ -230,14 +288,14 @@ def predict_threads(times:dict, ctx:dict, allow=()) -> tuple:
                 f"more than the {n} cores")], []
 
 def plan(times:dict, # `steady_times` of the configuration to improve on
-         ctx:dict, # `tune_context` of the Learner
+         ctx:TuneContext, # `tune_context` of the Learner (or a dict of its fields: the others at their defaults)
          allow=(), # Fixes of `ASKED` the user allows
          done=(), # Kinds already settled (tried, or searched to the end)
         ) -> tuple:
     "`(fixes, notes)`: what each strategy of `STRATEGIES` not `done` predicts from the profile `times`, the most promising first (those that remove the loader's work before all: `Strategy.first`), and why others are not tried"
     it = times.get(Step.ITERATION, 0.)
     if it <= 0: return [], ['no train iteration was measured']
-    fixes, notes = [], []
+    fixes, notes, ctx = [], [], TuneContext.read(ctx)
     for kind, s in STRATEGIES.items():
         if kind in done: continue
         f, n = s.predict(times, ctx, allow)
@@ -286,8 +344,7 @@ class LearnerState:
         self.opt_state = None if opt is None else copy.deepcopy(opt.state_dict())
         self.loaders = [(dl, dict(dl.__dict__), dict(dl.fake_l.__dict__) if hasattr(dl, 'fake_l') else None,
                          dl.rng.getstate() if isinstance(getattr(dl, 'rng', None), random.Random) else None) for dl in learn.dls.loaders]
-        self.cuda = torch.cuda.is_available() and torch.cuda.is_initialized()
-        self.rng = (random.getstate(), np.random.get_state(), torch.get_rng_state(), torch.cuda.get_rng_state_all() if self.cuda else None)
+        self.rng = RandomStates()
         self.next_fit = events.next_fit_hooks(learn)
 
     def restore(self):
@@ -310,9 +367,7 @@ class LearnerState:
             dl.__dict__.clear(); dl.__dict__.update(d)
             if fake is not None: dl.fake_l.__dict__.clear(); dl.fake_l.__dict__.update(fake)
             if rng is not None: dl.rng.setstate(rng)
-        py, npy, cpu, cuda = self.rng
-        random.setstate(py); np.random.set_state(npy); torch.set_rng_state(cpu)
-        if cuda is not None: torch.cuda.set_rng_state_all(cuda)
+        self.rng.restore()
         events.set_next_fit_hooks(learn, self.next_fit)
 
 # %% ../nbs/17_tune.ipynb #ddfffd7a
@@ -386,9 +441,10 @@ def set_batch_size(learn, bs:int):
     "The train loader's batch size `bs`; returns the undo"
     return _assign([learn.dls.train], bs=bs)
 
-def set_item_cache(learn, budget:int=BUDGET, every:bool=False):
-    "The train loader's items cached as far as they are the same every epoch (`cache.cache_items`, filled now), every fastai loader's with `every`; returns the undo"
-    undo, caches, notes = cache_loaders(learn, budget, None if every else [learn.dls.train])
+def set_item_cache(learn, budget:int|str|None=None, every:bool=False):
+    "The train loader's items cached as far as they are the same every epoch (`cache.cache_items`, filled now), every fastai loader's with `every`: in memory up to `budget` bytes (default `cache.BUDGET`), or with `'disk'` up to `cache.BUDGET` and on disk past it (a temporary folder, removed by the undo); returns the undo"
+    disk = budget == 'disk'
+    undo, caches, notes = cache_loaders(learn, _cache.BUDGET if disk or budget is None else budget, None if every else [learn.dls.train], disk=disk)
     if not caches: raise ValueError(f"nothing of the loader's items can be cached: {'; '.join(notes)}")
     return undo
 
@@ -423,7 +479,7 @@ def probe_resize(dl, items:int=8) -> tuple:
     "`(seconds, why)`: the item `Resize` of fastai DataLoader `dl` on its first `items` items, a mean per item (the random states put back), where it could move to the batch (`batch_resize`); else 0 and why"
     r, _, why = batch_resize(dl)
     if r is None: return 0., why
-    fs, split, took, states = list(dl.after_item.fs), getattr(dl.dataset, 'split_idx', None), [], rng_states()
+    fs, split, took, states = list(dl.after_item.fs), getattr(dl.dataset, 'split_idx', None), [], RandomStates()
     try:
         for s in range(min(items, len(dl.dataset))):
             x = dl.create_item(s)
@@ -431,40 +487,85 @@ def probe_resize(dl, items:int=8) -> tuple:
             t = time.perf_counter()
             r(x, split_idx=split)
             took.append(time.perf_counter() - t)
-    finally: set_rng_states(states)
+    finally: states.restore()
     return (float(np.mean(took)), '') if took else (0., 'the loader has no items')
+
+CHANGE_KINDS = ('speed only', 'last bits', 'numerics', 'training')  # what a fix may change besides the speed: the last two are tried only when allowed
+REPROBES = ('', 'loader', 'items')  # what `speed_find` probes again after a fix is kept: nothing, the loader alone, or the loader and its items
 
 @dataclass
 class Strategy:
-    "One fix the tuner knows, as an entry of `STRATEGIES`: how it predicts from a profile, how it is set (and undone), what it changes, how to keep it"
-    predict:callable # `predict(times, ctx, allow) -> (fixes, notes)`: the `Fix`es it would try on `steady_times` `times` of a Learner of `tune_context` `ctx`, and why not
+    "One fix the tuner knows, as an entry of `STRATEGIES`: what it reads, how it predicts, how it is set and undone, what it changes, how it is described, saved, loaded and kept"
+    predict:callable # `predict(times, ctx, allow) -> (fixes, notes)`: the `Fix`es it would try on `steady_times` `times` of a Learner of `TuneContext` `ctx`, and why not
     apply:callable # `apply(learn, value) -> undo`: set it in place; `undo()` puts back what it changed
-    changes:str # 'speed only', 'last bits' (another kernel's rounding), 'numerics' or 'training': what else it changes (`allow`)
+    changes:str # One of `CHANGE_KINDS`: 'speed only', 'last bits' (another kernel's rounding), 'numerics' or 'training' (`allow`)
     label:callable # `label(value)`: a `Fix` of it in words
-    keep:str='' # The code that keeps it (`{v}` its value, `{opt}` the optimizer's class); default `rules.REMEDIES`'
+    keep:object='' # The code that keeps it (`{v}` its value, `{opt}` the optimizer's class), or `keep(value, ctx)` that says it; the package's own default to `rules.REMEDIES`'
     every:bool=False # `apply` takes `every`: trials set it on the train loader, `SpeedResult.apply` on every loader
     first:bool=False # Tried before the others: it removes the loader's work, which workers would only share out
+    needs:callable=None # `needs(learn) -> value`: what else of the Learner `predict` reads, in `ctx.needs[kind]` (saved with the start: plain values)
+    was:callable=None # `was(ctx) -> value`: the setting before it, for "was → value" (None: a switch, "on")
+    check:callable=None # `check(value) -> bool`: a value `load_speed` takes from a file (None: only `True`, a switch)
+    persist:callable=None # `persist(learn, value)`: what `SpeedResult.apply` does besides `apply` so that later fits keep it
+    reprobe:str='' # One of `REPROBES`: what `speed_find` probes again once it is kept (another loader now)
+    again:bool=False # Planned again once kept (a count searched upward: the workers)
 
 _named = lambda name: (lambda v: name)
+_field = lambda name: (lambda ctx: getattr(ctx, name))
+_count = lambda lo: (lambda v: type(v) is int and v >= lo)
+
+def _keep_channels_last(learn, v):
+    "fastai's `ChannelsLast` callback on `learn`, so that later fits keep the format"
+    if not hasattr(learn, 'channels_last'):
+        from fastai.callback.channelslast import ChannelsLast
+        learn.add_cb(ChannelsLast())
+
 STRATEGIES = dict(  # in the order `plan` asks them; adding a fix is adding an entry
-    cache_items=Strategy(predict_cache, set_item_cache, 'speed only', _named('item cache'),
-                         'call `fastxtend_prof.cache.cache_loaders(learn)` after building the Learner (the items are bit-identical)', every=True, first=True),
+    cache_items=Strategy(predict_cache, set_item_cache, 'speed only', lambda v: 'item cache in memory and on disk' if v == 'disk' else 'item cache',
+                         lambda v, ctx: f"call `fastxtend_prof.cache.cache_loaders(learn{', disk=True' if v == 'disk' else ''})` after building the "
+                                        'Learner (the items are bit-identical)', every=True, first=True,
+                         check=lambda v: v == 'disk' or _count(1)(v), reprobe='loader'),
     resize_on_batch=Strategy(predict_resize_on_batch, set_resize_on_batch, 'numerics', _named('resize on the batch'),
                              'build the DataBlock without the item `Resize` and with `aug_transforms(size=...)` of its size (or call '
-                             '`fastxtend_prof.tune.set_resize_on_batch(learn, every=True)`); the items must all have one size', every=True, first=True),
-    num_workers=Strategy(predict_num_workers, set_num_workers, 'speed only', 'num_workers={}'.format),
-    pin_memory=Strategy(predict_pin_memory, set_pin_memory, 'speed only', 'pin_memory={}'.format),
-    transforms_on_device=Strategy(predict_transforms_on_device, set_transforms_device, 'speed only', 'batch transforms on {}'.format),
+                             '`fastxtend_prof.tune.set_resize_on_batch(learn, every=True)`); the items must all have one size', every=True, first=True,
+                             reprobe='items'),
+    num_workers=Strategy(predict_num_workers, set_num_workers, 'speed only', 'num_workers={}'.format, was=_field('num_workers'),
+                         check=_count(0), again=True),
+    pin_memory=Strategy(predict_pin_memory, set_pin_memory, 'speed only', 'pin_memory={}'.format, was=_field('pin_memory')),
+    transforms_on_device=Strategy(predict_transforms_on_device, set_transforms_device, 'speed only', 'batch transforms on {}'.format,
+                                  was=_field('dls_device'), check=lambda v: isinstance(v, str)),
     foreach=Strategy(_predict_optimizer('foreach'), lambda learn, v: set_optimizer_flag(learn, 'foreach', v), 'last bits', 'foreach={}'.format),
     fused=Strategy(_predict_optimizer('fused'), lambda learn, v: set_optimizer_flag(learn, 'fused', v), 'last bits', 'fused={}'.format),
-    channels_last=Strategy(predict_channels_last, set_channels_last, 'last bits', _named('channels_last')),
+    channels_last=Strategy(predict_channels_last, set_channels_last, 'last bits', _named('channels_last'), persist=_keep_channels_last),
     mixed_precision=Strategy(predict_mixed_precision, set_mixed_precision, 'numerics', _named('mixed precision (fp16)')),
     threads=Strategy(predict_threads, set_threads, 'last bits', 'torch threads={}'.format,
-                     'call `torch.set_num_threads({v})` before training (or set `OMP_NUM_THREADS={v}`)'),
-    batch_size=Strategy(predict_batch_size, set_batch_size, 'training', 'bs={}'.format))
+                     'call `torch.set_num_threads({v})` before training (or set `OMP_NUM_THREADS={v}`)', was=_field('threads'), check=_count(1)),
+    batch_size=Strategy(predict_batch_size, set_batch_size, 'training', 'bs={}'.format, was=_field('bs'), check=_count(1)))
 for _k, _s in STRATEGIES.items(): _s.keep = _s.keep or REMEDIES[_k].keep
-CHANGES = {k: s.changes for k, s in STRATEGIES.items()}  # what each fix changes besides the speed
-SETTERS = {k: s.apply for k, s in STRATEGIES.items()}  # each fix's setter
+CHANGES = {k: s.changes for k, s in STRATEGIES.items()}  # what the package's own fixes change besides the speed
+SETTERS = {k: s.apply for k, s in STRATEGIES.items()}  # the package's own fixes' setters
+
+def register_strategy(kind:str, # The fix's name: the `Fix.kind` of what its `predict` returns, the key of its saved fixes
+                      strategy:Strategy, # What it reads, predicts, sets, changes and keeps
+                      overwrite:bool=False, # Replace a strategy of that name
+                     ) -> Strategy:
+    "Add `strategy` to `STRATEGIES` as `kind`: `plan`, `speed_find`, `SpeedResult.apply`, `save` and `load_speed` take it as they take the package's own"
+    if not isinstance(kind, str) or not kind.isidentifier(): raise ValueError(f'a strategy is named by an identifier (letters, digits, _), got {kind!r}')
+    if not isinstance(strategy, Strategy): raise TypeError(f'`strategy` is a `Strategy`, got {type(strategy).__name__}')
+    if kind in STRATEGIES and not overwrite: raise ValueError(f'{kind!r} is a strategy already: pass `overwrite=True` to replace it')
+    if strategy.changes not in CHANGE_KINDS: raise ValueError(f'{kind!r}: `changes` is one of {", ".join(map(repr, CHANGE_KINDS))}, got {strategy.changes!r}')
+    if strategy.reprobe not in REPROBES: raise ValueError(f'{kind!r}: `reprobe` is one of {", ".join(map(repr, REPROBES))}, got {strategy.reprobe!r}')
+    if not callable(strategy.keep) and (not isinstance(strategy.keep, str) or not strategy.keep):
+        raise ValueError(f"{kind!r}: `keep` says the code that keeps the fix (the package's own take it from `rules.REMEDIES`)")
+    hooks = [f for f in fields(Strategy) if f.type in (callable, 'callable')]  # the functions it is given, the first four required
+    bad = [f.name for f in hooks if not callable(getattr(strategy, f.name)) and (getattr(strategy, f.name) is not None or f.default is MISSING)]
+    if bad: raise TypeError(f'{kind!r}: {", ".join(f"`{n}`" for n in bad)} must be callable')
+    STRATEGIES[kind] = strategy
+    return strategy
+
+def allowed() -> tuple:
+    "The fixes `allow` takes: the ones that change the numerics or the training (`ASKED`, and any registered since)"
+    return (*ASKED, *(k for k, s in STRATEGIES.items() if s.changes in ('numerics', 'training') and k not in ASKED))
 
 
 # %% ../nbs/17_tune.ipynb #025a3f61
@@ -567,7 +668,9 @@ class SpeedResult:
     notes:list=field(default_factory=list) # What was not tried, and why
     seconds:float=0. # The search's own wall time, restoring the Learner included
     max_time:float=math.inf # Its budget in seconds
-    start:dict=field(default_factory=dict) # `tune_context` of the starting configuration
+    start:TuneContext=field(default_factory=TuneContext) # `tune_context` of the starting configuration (a dict of its fields is read)
+
+    def __post_init__(self): self.start = TuneContext.read(self.start)
 
     def apply(self, learn, show:bool=True):
         "Set the accepted fixes on `learn` and its loaders; print what changed and the code that keeps it"
@@ -575,21 +678,18 @@ class SpeedResult:
             s = STRATEGIES[f.kind]
             if s.every: s.apply(learn, f.value, every=True)  # every loader, where trials need the train one
             else: s.apply(learn, f.value)
-            if f.kind == 'channels_last' and not hasattr(learn, 'channels_last'):
-                from fastai.callback.channelslast import ChannelsLast
-                learn.add_cb(ChannelsLast())  # later fits keep the format
+            if s.persist is not None: s.persist(learn, f.value)  # later fits keep it
         if show: print(self.apply_text())
         return learn
 
     def apply_text(self, applied:bool=True) -> str:
         "What `apply` changes (or would: `applied=False`), a line per fix with the code that keeps it"
         if not self.fixes: return 'speed_find: nothing to keep (no trial was accepted).'
-        was = dict(num_workers=self.start.get('num_workers'), pin_memory=self.start.get('pin_memory'), batch_size=self.start.get('bs'),
-                   transforms_on_device=self.start.get('dls_device'), threads=self.start.get('threads'))
         lines = ['speed_find applied:' if applied else 'To keep what speed_find found:']
         for f in self.fixes:
-            head = f'{f.kind}: {was[f.kind]} → {f.value}' if f.kind in was else f'{f.name}: on'
-            lines.append(f"  {head}; to keep it, {STRATEGIES[f.kind].keep.format(v=f.value, opt=self.start.get('optimizer'))}")
+            s = STRATEGIES[f.kind]
+            head = f'{f.kind}: {s.was(self.start)} → {f.value}' if s.was is not None else f'{f.name}: on'
+            lines.append(f"  {head}; to keep it, {s.keep(f.value, self.start) if callable(s.keep) else s.keep.format(v=f.value, opt=self.start.optimizer)}")
         return '\n'.join(lines)
 
     def text(self, width:int|None=None) -> str:
@@ -615,7 +715,7 @@ class SpeedResult:
         plain = lambda v: v if v is None or isinstance(v, (bool, int, float, str)) else str(v)  # a device as its name
         fixes = [dict(kind=f.kind, value=plain(f.value), target=str(f.target), predicted=f.predicted, why=f.why) for f in self.fixes]
         Path(path).write_text(json.dumps(dict(format=SPEED_FORMAT, verdict=self.verdict, fixes=fixes,
-                                              start={k: plain(v) for k, v in self.start.items()}), indent=1) + '\n')
+                                              start=self.start.plain()), indent=1) + '\n')
         return Path(path)
 
     def __repr__(self): return f'SpeedResult({self.verdict} {len(self.trials)} configurations; `.show()` prints the table)'
@@ -629,7 +729,7 @@ class SpeedResult:
         err = np.array([t['Samples/s'] - t['Samples/s Low'], t['Samples/s High'] - t['Samples/s']]).clip(0)
         colors = ['#4c72b0' if i == 0 else '#55a868' if a else '#bbbbbb' for i, a in enumerate(t.Accepted)]
         ax.barh(y, t['Samples/s'], xerr=np.nan_to_num(err, posinf=0), color=colors, height=0.6, capsize=3)
-        bs0 = self.start.get('bs') or 1
+        bs0 = self.start.bs or 1
         pred = bs0/t.Predicted
         ax.plot(pred, y, 'k|', markersize=14, label='predicted')
         ax.set_yticks(y, [f'{c}' for c in t.Change])
@@ -650,7 +750,7 @@ def append_record(res, path):
     "Append to the CSV file `path` a line per fix `res` (a `SpeedResult`) measured: when, the run it tuned, the fix, the predicted and the measured median iteration, the error in percent, whether it was kept"
     t = res.trials[(res.trials.Trial > 0) & res.trials.Median.notna()]
     st = res.start
-    run = f"{st.get('device', '?')}, bs {st.get('bs')}, num_workers {st.get('num_workers')}, {st.get('optimizer') or 'no torch optimizer'}"
+    run = f"{st.device}, bs {st.bs}, num_workers {st.num_workers}, {st.optimizer or 'no torch optimizer'}"
     out = pd.DataFrame(dict(when=pd.Timestamp.now(tz='UTC').isoformat(timespec='seconds'), run=run, fix=t.Change,
                             kind=t.Kind, predicted_s=t.Predicted, measured_s=t.Median,
                             error_pct=t['Error %'], kept=t.Accepted), columns=list(RECORD_COLS))
@@ -675,12 +775,13 @@ def load_speed(path) -> SpeedResult:
         raise ValueError(f'{path}: not a speed_find configuration (format {SPEED_FORMAT!r} expected)')
     bad = [f.get('kind') if isinstance(f, dict) else f for f in d['fixes'] if not isinstance(f, dict) or f.get('kind') not in STRATEGIES]
     if bad: raise ValueError(f'{path}: unknown fixes {bad} (this version knows {", ".join(STRATEGIES)})')
-    ok = dict(num_workers=lambda v: type(v) is int and v >= 0, batch_size=lambda v: type(v) is int and v > 0, cache_items=lambda v: type(v) is int and v > 0,
-              transforms_on_device=lambda v: isinstance(v, str), threads=lambda v: type(v) is int and v > 0)
-    wrong = [f"{f['kind']}={f.get('value')!r}" for f in d['fixes'] if not ok.get(f['kind'], lambda v: v is True)(f.get('value'))]
+    ok = lambda kind, v: (STRATEGIES[kind].check or (lambda v: v is True))(v)  # each strategy's own check; a switch takes True
+    wrong = [f"{f['kind']}={f.get('value')!r}" for f in d['fixes'] if not ok(f['kind'], f.get('value'))]
     if wrong: raise ValueError(f'{path}: not a speed_find configuration (values out of range: {", ".join(wrong)})')
     fixes = [Fix(f['kind'], f['value'], f.get('target', ''), f.get('predicted', math.nan), f.get('why', '')) for f in d['fixes']]
-    return SpeedResult(pd.DataFrame(columns=list(TRIAL_COLS)), fixes, d.get('verdict', ''), start=d.get('start', {}))
+    start = d.get('start') or {}
+    if not isinstance(start, dict): raise ValueError(f'{path}: not a speed_find configuration (its `start` is not an object)')
+    return SpeedResult(pd.DataFrame(columns=list(TRIAL_COLS)), fixes, d.get('verdict', ''), start=TuneContext.read(start))
 
 def _check_find(max_time, max_batches, batches, warmup, allow, sync, alpha, min_change):
     check_number('max_time', max_time, 0, why='seconds the whole search may take', open_lo=True)
@@ -689,21 +790,22 @@ def _check_find(max_time, max_batches, batches, warmup, allow, sync, alpha, min_
     if max_batches is not None and check_int('max_batches', max_batches, 1, 'train batches of all trials together') < warmup + batches + 1:
         raise ValueError(f'`max_batches` ({max_batches}) must leave room for at least the first measurement: warmup + batches + the last one = {warmup + batches + 1}')
     allow = (allow,) if isinstance(allow, str) else tuple(allow)
-    bad = [a for a in allow if a not in ASKED]
-    if bad: raise ValueError(f'`allow` takes {", ".join(map(repr, ASKED))}; got {", ".join(map(repr, bad))}')
+    bad = [a for a in allow if a not in allowed()]
+    if bad: raise ValueError(f'`allow` takes {", ".join(map(repr, allowed()))}; got {", ".join(map(repr, bad))}')
     check_sync(sync)
     check_number('alpha', alpha, 0, 1, open_lo=True); check_number('min_change', min_change, why='percent')
     return allow
 
-PROBED = ('loader_share', 'loader_batch', 'cache_saves', 'cache_kept', 'cache_why', 'resize_saves', 'resize_why')  # what `_probe` adds to the context `plan` reads
+PROBED = ('loader_share', 'loader_batch', 'cache_saves', 'cache_kept', 'cache_why', 'cache_bytes', 'cache_disk_saves', 'resize_saves', 'resize_why', 'probed')  # what `_probe` adds to the context `plan` reads
 
-def _probe(learn, ctx:dict, deadline:float, items:bool=True, allow=()):
+def _probe(learn, ctx:TuneContext, deadline:float, items:bool=True, allow=()):
     "Into `ctx`: the train loader alone (`probe_loader`: the share it computes, its time a batch) and, with `items`, what caching its items would save (`probe_cache`) and, where allowed, moving its resize to the batch (`probe_resize`)"
-    ctx['loader_share'], ctx['loader_batch'] = probe_loader(learn, max_time=min(PROBE_TIME, max(0., deadline - time.monotonic())/10))
+    ctx.loader_share, ctx.loader_batch = probe_loader(learn, max_time=min(PROBE_TIME, max(0., deadline - time.monotonic())/10))
+    ctx.probed = True
     if items:
         pc = probe_cache(learn.dls.train)
-        ctx.update(cache_saves=pc['saves'], cache_kept=pc['kept'], cache_why=pc['why'])
-        if 'resize_on_batch' in allow: ctx['resize_saves'], ctx['resize_why'] = probe_resize(learn.dls.train)
+        ctx.cache_saves, ctx.cache_kept, ctx.cache_why, ctx.cache_bytes, ctx.cache_disk_saves = pc['saves'], pc['kept'], pc['why'], pc['bytes'], pc['disk_saves']
+        if 'resize_on_batch' in allow: ctx.resize_saves, ctx.resize_why = probe_resize(learn.dls.train)
 
 def _out_of_budget(f, used:int, need:int, max_batches, overhead:float, deadline:float) -> str:
     "Why a trial of `f` would not fit what is left of the budget ('' when it fits)"
@@ -795,11 +897,11 @@ def speed_find(self:Learner,
             rows.append(_row(0, None, m, {}, False, 'the configuration as it was', time.monotonic() - t0))
             say(f"speed_find: start: {format_duration(m['Median'])} a batch, {m['Samples/s']:,.0f} samples/s ({m['Batches']} batches)")
             overhead = max(0., rows[0]['Seconds'] - (warmup + m['Batches'])*m['Mean']) if m['Batches'] else 0.
-            used, best, bs0, done, need = warmup + batches + 1, start, ctx0['bs'] or 1, set(), warmup + batches + 1
+            used, best, bs0, done, need = warmup + batches + 1, start, ctx0.bs or 1, set(), warmup + batches + 1
             if m['Batches'] < 2: notes.append(f'the budget ({max_time:g} s) ran out during the first measurement: raise `max_time`')
-            if m['Batches'] >= 2 and ctx0['fastai_loader'] and loader_wait(steady_times(start.results)) >= TARGET_SHARE: _probe(self, ctx0, deadline, allow=allow)
+            if m['Batches'] >= 2 and ctx0.fastai_loader and loader_wait(steady_times(start.results)) >= TARGET_SHARE: _probe(self, ctx0, deadline, allow=allow)
             while m['Batches'] >= 2:
-                todo, why_not = plan(steady_times(best.results), {**tune_context(self), **{k: ctx0[k] for k in PROBED if k in ctx0}, 'core_wait': _core_wait(best)},
+                todo, why_not = plan(steady_times(best.results), replace(tune_context(self), **{k: getattr(ctx0, k) for k in PROBED}, core_wait=_core_wait(best)),
                                      allow, done)
                 if not todo:
                     notes += why_not
@@ -824,10 +926,10 @@ def speed_find(self:Learner,
                 say(f"speed_find: {f.name}: {format_duration(row['Mean'])} a batch on average ({row[CHANGE]:+.0f}% against the start's), {'kept' if ok else 'not kept'}")
                 if ok:
                     undos.append(undo); fixes = [g for g in fixes if g.kind != f.kind] + [f]; best = prof  # more workers after fewer: the last count is the fix
-                    if f.kind in ('cache_items', 'resize_on_batch') and 'loader_share' in ctx0:  # another loader now: what it computes, its time a batch, what is left to cache
-                        _probe(self, ctx0, deadline, items=f.kind == 'resize_on_batch', allow=())
+                    if STRATEGIES[f.kind].reprobe and ctx0.probed:  # another loader now: what it computes, its time a batch, what is left to cache
+                        _probe(self, ctx0, deadline, items=STRATEGIES[f.kind].reprobe == 'items', allow=())
                 else: undo()
-                if not ok or f.kind != 'num_workers': done.add(f.kind)
+                if not ok or not STRATEGIES[f.kind].again: done.add(f.kind)
     finally:
         for undo in reversed(undos): undo()
         state.restore()

@@ -229,3 +229,115 @@ def test_speed_find_moves_a_slow_resize_to_the_batch_only_when_allowed(pngs):
     row = res.trials.set_index('Kind').loc['resize_on_batch']
     assert row['Changes'] == 'numerics' and row['Median'] < 0.7*res.trials.Median[0] and 'resize' in row['Change'], res.text()
     assert 'SlowResize' in [type(f).__name__ for f in learn.dls.train.after_item.fs]  # put back
+
+# ------------------------------------------------------------------------------------------------ the cache on disk
+@pytest.fixture(scope='module')
+def jpegs(tmp_path_factory):
+    "96 digits as photograph-like JPEG files (noise over the strokes) of mixed sizes, 40 to 72 pixels a side, in a folder per class"
+    from sklearn.datasets import load_digits
+    d, root, rng = load_digits(), tmp_path_factory.mktemp('jpeg'), np.random.default_rng(0)
+    for i in range(96):
+        w, h = 40 + 8*(i % 5), 40 + 8*((i//5) % 5)
+        img = np.kron(d.images[i], np.ones((9, 9)))[:h, :w]*14
+        img = np.clip(img[..., None] + rng.normal(0, 12, (h, w, 3)), 0, 255).astype(np.uint8)
+        (root/str(d.target[i])).mkdir(exist_ok=True)
+        Image.fromarray(img).save(root/str(d.target[i])/f'{i}.jpg', quality=90)
+    return root
+
+def jpeg_learner(root, num_workers=0, get_x=None):
+    "The JPEG pipeline: a random crop of each image resized to 24 pixels (drawing: nothing after the decoding is cached), `aug_transforms` on the batch"
+    set_seed(0)
+    db = DataBlock(blocks=(ImageBlock, CategoryBlock), get_items=get_image_files, get_y=parent_label, get_x=get_x,
+                   splitter=RandomSplitter(0.25, seed=0), item_tfms=RandomResizedCrop(24, min_scale=0.5), batch_tfms=aug_transforms())
+    return Learner(db.dataloaders(root, bs=8, num_workers=num_workers, device='cpu'), model())
+
+def decoded_bytes(learn) -> int:
+    "The bytes of the train loader's items as the cache would keep them (decoded images and labels)"
+    undo, cache, _ = cache_items(learn.dls.train, budget=2**40)
+    n = cache.bytes
+    undo()
+    return n
+
+@pytest.mark.parametrize('num_workers', [0, 2])
+def test_a_disk_cache_past_the_memory_budget_is_bit_identical(jpegs, num_workers):
+    """A memory budget of a third of the decoded items: the rest are kept on disk, in a folder of the cache's own, read
+    back by the loader's workers (each maps the file) as by the main process; a seeded fit is bit-identical to one
+    without the cache, and the folder goes with the undo. Fails when the disk hands out another item than the one asked
+    for (shown: the neighbour's bytes)"""
+    plain = fitted(jpeg_learner(jpegs, num_workers))
+    learn = jpeg_learner(jpegs, num_workers)
+    total = decoded_bytes(learn)
+    undo, caches, notes = cache_loaders(learn, budget=total//3, loaders=[learn.dls.train], disk=True)
+    c = caches[0]
+    n = len(learn.dls.train.dataset)
+    assert c.disk is not None and len(c.store) + len(c.disk) == n and 0.2*n < len(c.store) < 0.45*n, (len(c.store), len(c.disk), n)
+    assert c.bytes <= total//3 < c.bytes + c.disk.bytes and c.disk.folder.is_dir()
+    assert same(plain, fitted(learn))
+    folder = c.disk.folder
+    undo()
+    assert not folder.exists() and 'do_item' not in learn.dls.train.__dict__
+
+def test_a_folder_given_is_kept_and_read_again_unless_it_changed(jpegs, tmp_path):
+    """`disk=folder`: the file and its index stay after the undo; the next cache of the same items reads them (it makes
+    only the items it checks and those the memory holds), and its fit is bit-identical. A byte of the file changed, the
+    index's checksums refuse it: the items are made anew, and the fit is the same again"""
+    made = []
+    def counted(fn): made.append(fn); return PILImage.create(fn)
+    plain = fitted(jpeg_learner(jpegs, get_x=counted))
+    learn = jpeg_learner(jpegs, get_x=counted)
+    total, folder = decoded_bytes(learn), tmp_path/'cache'
+    made.clear()
+    undo, caches, _ = cache_loaders(learn, budget=total//3, loaders=[learn.dls.train], disk=folder)
+    first = len(made)
+    undo()
+    assert (folder/'loader0'/'items.bin').stat().st_size > 0 and (folder/'loader0'/'index.pkl').exists()
+    again = jpeg_learner(jpegs, get_x=counted)
+    made.clear()
+    undo, caches, _ = cache_loaders(again, budget=total//3, loaders=[again.dls.train], disk=folder)
+    c = caches[0]
+    assert c.disk.reused and len(made) <= len(c.store) + 2 + 2 < first, (len(made), len(c.store), first)  # the checked items made twice
+    assert same(plain, fitted(again))
+    on_disk = len(c.disk)
+    undo()
+    data = bytearray((folder/'loader0'/'items.bin').read_bytes())
+    data[len(data)//2] ^= 0xFF
+    (folder/'loader0'/'items.bin').write_bytes(bytes(data))
+    third = jpeg_learner(jpegs, get_x=counted)
+    undo, caches, _ = cache_loaders(third, budget=total//3, loaders=[third.dls.train], disk=folder)
+    assert not caches[0].disk.reused and len(caches[0].disk) == on_disk
+    assert same(plain, fitted(third))
+    undo()
+
+def test_speed_find_keeps_the_disk_cache_where_memory_holds_a_third(jpegs, monkeypatch, capsys):
+    """Decoding that sleeps 30 ms an item (a slow disk or network: load cannot shorten it, the cache skips it) and a
+    memory budget of a third of the decoded items: `speed_find` predicts the cache in memory and on disk above the
+    memory cache alone, tries it and keeps it; then the three are measured by the tuner's own trials, the disk cache
+    against none and against the memory cache of what fits. A seeded fit with what speed_find kept is bit-identical to
+    one without. Fails when the probe does not weigh the items (the memory cache is planned, as if all fit)"""
+    import fastxtend_prof.cache as fc
+    from fastxtend_prof.tune import run_trial, set_aside, _measured
+    monkeypatch.setitem(DECODE, 's', 30e-3)
+    learn = jpeg_learner(jpegs, get_x=sleepy_open)
+    monkeypatch.setitem(DECODE, 's', 0.)
+    monkeypatch.setattr(fc, 'BUDGET', decoded_bytes(learn)//3)
+    monkeypatch.setitem(DECODE, 's', 30e-3)
+    res = learn.speed_find(max_time=120, batches=20, show=False, apply=True)
+    assert [(f.kind, f.value) for f in res.fixes][:1] == [('cache_items', 'disk')], res.text()
+    row = res.trials.set_index('Kind').loc['cache_items']
+    assert row['Accepted'] and row['Change'] == 'item cache in memory and on disk' and 'disk=True' in res.apply_text(), res.text()
+    k = learn.dls.train.fake_l.num_workers
+    medians, kept = {}, {}
+    for name, disk in (('none', None), ('memory', False), ('disk', True)):
+        trial = jpeg_learner(jpegs, get_x=sleepy_open)
+        undo, caches, _ = cache_loaders(trial, fc.BUDGET, [trial.dls.train], disk=disk) if disk is not None else ((lambda: None), {}, [])
+        kept[name] = len(caches[0].store)/len(trial.dls.train.dataset) if caches else 0.  # the share of the items kept in memory
+        with trial.removed_cbs(set_aside(trial)): medians[name] = _measured(run_trial(trial, 20, 2, time.monotonic() + 120))['Median']
+        undo()
+    with capsys.disabled(): print(f"\nJPEG pipeline, decoding sleeping 30 ms, memory for {kept['memory']:.0%} of the items: a batch "
+                                  f"{medians['none']*1e3:.0f} ms without the cache, {medians['memory']*1e3:.0f} ms with the memory cache, "
+                                  f"{medians['disk']*1e3:.0f} ms with memory and disk")
+    batch = 8*30e-3  # seconds of emulated decoding a batch: each cache must show at least half of what it skips, whatever the load
+    assert medians['none'] - medians['memory'] > 0.5*kept['memory']*batch, (medians, kept)
+    assert medians['memory'] - medians['disk'] > 0.5*(1 - kept['memory'])*batch, (medians, kept)
+    monkeypatch.setitem(DECODE, 's', 0.)
+    assert same(fitted(jpeg_learner(jpegs, k, get_x=sleepy_open)), fitted(learn))  # `apply=True`: on every loader

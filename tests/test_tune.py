@@ -1,7 +1,8 @@
 """`learn.speed_find()` on real Learners: it finds the loader workers a data-bound run needs and proves the gain, leaves a
 compute-bound run alone, survives a trial that fails, stays in its budget, and puts the Learner back so exactly that the
 training that follows is bit-identical to one without it (synthetic, vision with `aug_transforms`, tabular)."""
-import copy, math, random, time, warnings
+import copy, json, math, random, time, warnings
+from dataclasses import replace
 from functools import partial
 from types import SimpleNamespace
 import numpy as np, pandas as pd, pytest, torch
@@ -363,7 +364,7 @@ def test_speed_find_gives_a_waiting_loader_more_workers_than_cores(monkeypatch):
     before = snapshot(learn)
     res = learn.speed_find(max_time=90, show=False)
     assert_same(before, snapshot(learn))
-    assert res.start['loader_share'] < WAITING, res.text()
+    assert res.start.loader_share < WAITING, res.text()
     assert res.fixes and res.fixes[0].kind == 'num_workers' and res.fixes[0].value > 2, res.text()
     assert 'more workers than the 2 cores can help' in res.fixes[0].why, res.fixes[0].why
 
@@ -387,7 +388,7 @@ def test_setters_undo_exactly():
             v.opt.step()  # the fused kernel runs on the state the unfused one made
         undo()
         now = tune_context(v)
-        assert {k: now[k] for k in ctx if k != 'dls_device'} == {k: ctx[k] for k in ctx if k != 'dls_device'}, kind
+        assert replace(now, dls_device=None) == replace(ctx, dls_device=None), kind
         assert [p.stride() for p in v.model.parameters()] == strides, kind
 
 # ------------------------------------------------------------------------------------ fastai's applications, unchanged
@@ -413,6 +414,62 @@ def test_tabular_unchanged_by_tuning():
                                          procs=[Categorify, FillMissing, Normalize], bs=64, num_workers=0)
         return tabular_learner(dls, layers=[32, 16])
     _identical_after_tuning(build, lambda l: l.fit_one_cycle(1, 1e-2), lambda l: l.fit_one_cycle(1, 1e-2), batches=8, warmup=1, max_time=60)
+
+def test_a_fix_from_outside_the_package_is_tried_kept_saved_loaded_and_applied(tmp_path, monkeypatch, sync_mode):
+    """A fix that is not a switch, added from outside the package with `register_strategy` and no edit of it: the forward's
+    pause, read from the Learner (`needs`), set to a tenth. `speed_find` plans, tries and keeps it (on an injected clock, as
+    below), puts the Learner back and saves it; `load_speed` takes its value through the fix's own `check`, and `apply` sets
+    it on a Learner built again with what its `persist` adds; the text says what it was. A value its check refuses, and the
+    fix once unknown, are refused in one line"""
+    from fastxtend_prof.tune import STRATEGIES, Strategy, Fix, register_strategy, load_speed
+    monkeypatch.setattr(fastxtend_prof.tune, 'STRATEGIES', dict(STRATEGIES))  # the package's table as it was after the test
+    clock = ManualClock()
+    sync_mode(clock)
+    monkeypatch.setattr(fastxtend_prof.tune, 'time', SimpleNamespace(monotonic=clock, perf_counter=time.perf_counter))
+    class Pinned(Callback): "What the fix's `persist` adds, for later fits"
+    def predict(times, ctx, allow):
+        c = ctx.needs['pause']
+        return ([Fix('pause', c/10, Step.FORWARD, times[Step.ITERATION] - 0.9*c, f'the forward pauses {c:g} s')], []) if c > 1e-3 else ([], [])
+    def apply(learn, v):
+        old, learn.model.compute = learn.model.compute, v
+        return lambda: setattr(learn.model, 'compute', old)
+    register_strategy('pause', Strategy(predict, apply, 'speed only', 'pause={:g} s'.format, 'set `model.compute = {v:g}`',
+                                        needs=lambda learn: learn.model.compute, was=lambda ctx: ctx.needs['pause'],
+                                        check=lambda v: isinstance(v, float) and 0 < v < 1, persist=lambda learn, v: learn.add_cb(Pinned())))
+    learn = busy_learner(item=0., compute=40e-3, spend=clock.spend, n_batches=30)
+    path = tmp_path/'speed.json'
+    res = learn.speed_find(max_time=60, batches=20, show=False, save=path)
+    mine = [f for f in res.fixes if f.kind == 'pause']
+    assert len(mine) == 1 and mine[0].value == pytest.approx(4e-3), res.text()
+    assert learn.model.compute == 40e-3 and not any(isinstance(cb, Pinned) for cb in learn.cbs), 'the Learner was not put back'
+    assert 'pause: 0.04 → 0.004; to keep it, set `model.compute = 0.004`' in res.apply_text(), res.apply_text()
+    saved = json.loads(path.read_text())
+    assert saved['start']['needs'] == {'pause': 0.04} and any(f['kind'] == 'pause' for f in saved['fixes']), saved
+    loaded = load_speed(path)
+    assert loaded.apply_text() == res.apply_text()
+    again = busy_learner(item=0., compute=40e-3, n_batches=30)  # the Learner built again, as a new session would
+    loaded.apply(again, show=False)
+    assert again.model.compute == pytest.approx(4e-3) and sum(isinstance(cb, Pinned) for cb in again.cbs) == 1
+    for f in saved['fixes']:
+        if f['kind'] == 'pause': f['value'] = 2.0
+    path.write_text(json.dumps(saved))
+    with pytest.raises(ValueError, match=r'values out of range: pause=2\.0'): load_speed(path)
+    del fastxtend_prof.tune.STRATEGIES['pause']
+    with pytest.raises(ValueError, match=r"unknown fixes \['pause'\]"): load_speed(path)
+
+def test_register_strategy_refuses_what_it_cannot_use(monkeypatch):
+    "A name taken, a bad name, no `keep`, an unknown `changes` or `reprobe`, a setter that is not callable: refused in one line each"
+    from fastxtend_prof.tune import STRATEGIES, Strategy, register_strategy, allowed
+    monkeypatch.setattr(fastxtend_prof.tune, 'STRATEGIES', dict(STRATEGIES))
+    ok = Strategy(lambda t, c, a: ([], []), lambda learn, v: (lambda: None), 'speed only', str, 'keep it')
+    for kind, s, msg in (('num_workers', ok, 'a strategy already'), ('not a name', ok, 'identifier'), ('mine', replace(ok, keep=''), '`keep`'),
+                         ('mine', replace(ok, changes='speed'), '`changes`'), ('mine', replace(ok, reprobe='all'), '`reprobe`'),
+                         ('mine', replace(ok, apply=3), '`apply`'), ('mine', 'a strategy', 'is a `Strategy`')):
+        with pytest.raises((ValueError, TypeError), match=msg): register_strategy(kind, s)
+    assert 'mine' not in fastxtend_prof.tune.STRATEGIES and 'mine' not in allowed()
+    register_strategy('mine', replace(ok, changes='numerics'))
+    assert allowed()[-1] == 'mine'  # `allow` takes a registered fix that changes the numerics
+    register_strategy('num_workers', replace(fastxtend_prof.tune.STRATEGIES['num_workers'], keep='mine'), overwrite=True)
 
 def test_a_fix_is_an_entry_of_the_strategy_table_and_each_trial_goes_to_the_record(tmp_path, monkeypatch, sync_mode):
     """A strategy added to `STRATEGIES` is planned, tried, kept and undone like the built-in ones: here the forward
