@@ -151,9 +151,9 @@ class DiskItems:
         try:
             old = pickle.loads((self.folder/'index.pkl').read_bytes())
             ok = isinstance(old, dict) and self.key and old.get('key') == self.key and self.path.stat().st_size == old.get('bytes')
-            if ok:
-                data = self.path.read_bytes()
-                ok = all(zlib.crc32(data[at:at + n]) == crc for at, n, crc in old['index'].values())
+            if ok and old['index']:
+                with open(self.path, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:  # an item at a time, however large the file
+                    ok = all(zlib.crc32(m[at:at + n]) == crc for at, n, crc in old['index'].values())
         except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, KeyError): return None
         return old if ok else None
     def save_index(self):
