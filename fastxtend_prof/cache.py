@@ -336,19 +336,18 @@ def probe_cache(dl, items:int=16) -> dict:
     if k is None: return none
     cache, saved = ItemCache(dl, k, budget=math.inf), RandomStates()
     n = min(items, len(dl.dataset))
+    def took(f, xs) -> float:  # the median seconds of `f` on each of `xs`: the first calls (cold files, fastai's dispatch caches) do not count
+        ts = []
+        for x in xs:
+            t = time.perf_counter(); f(x); ts.append(time.perf_counter() - t)
+        return float(np.median(ts)) if ts else 0.
     try:
-        t0 = time.perf_counter()
-        for s in range(n): cache.make(s)
-        t1 = time.perf_counter()
-        for s in list(cache.store): cache.get(s)
-        t2 = time.perf_counter()
+        make = took(cache.make, range(n))
+        replay = took(cache.get, list(cache.store))
         pickled = [pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL) for x in cache.store.values()]
-        t3 = time.perf_counter()
-        for b in pickled: pickle.loads(b)  # what a read from the disk cache costs, the file in the page cache
-        t4 = time.perf_counter()
+        read = took(lambda b: pickle.loads(bytes(b)), pickled)  # what a read from the disk cache costs (the slice of its map a copy), the file in the page cache
     finally: saved.restore()
     kept = len(cache.store)/n if n else 0.
     if not kept: return {**none, 'why': 'no item would be kept: the draws of its transforms change every item', 'cached': k}
-    make, replay, read = (t1 - t0)/n, (t2 - t1)/len(cache.store), (t4 - t3)/len(cache.store)
     total = kept*len(dl.dataset)*float(np.mean([nbytes(x) for x in cache.store.values()]))
     return dict(why='', saves=kept*max(make - replay, 0.), kept=kept, cached=k, bytes=total, disk_saves=kept*max(make - replay - read, 0.))
