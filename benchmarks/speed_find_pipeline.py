@@ -65,6 +65,7 @@ def main():
     p.add_argument('--images', type=int, default=640)
     p.add_argument('--max-workers', type=int, default=3)
     p.add_argument('--repeats', type=int, default=3)
+    p.add_argument('--show', action='store_true', help="print each speed_find's table")
     p.add_argument('--budget', type=float, default=None, help="the item cache's memory budget in MiB (default: 1 GiB for png, a third of the decoded items for jpeg)")
     a = p.parse_args()
     jpeg = a.pipeline == 'jpeg'
@@ -109,6 +110,7 @@ def main():
         t0 = time.perf_counter()
         res = learn.speed_find(max_time=300, show=False)
         find_s.append(time.perf_counter() - t0)
+        if a.show: print(res.text(), flush=True)
         kept = {f.kind: f.value for f in res.fixes}
         cache = 'none' if 'cache_items' not in kept else 'disk' if kept['cache_items'] == 'disk' else 'memory'
         chosen.append((kept.get('num_workers', 0), cache, 'item'))
