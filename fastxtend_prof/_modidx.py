@@ -1552,6 +1552,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'fastxtend_prof.tune._out_of_budget': ('tune.html#_out_of_budget', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._parts': ('tune.html#_parts', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._per_start_batch': ('tune.html#_per_start_batch', 'fastxtend_prof/tune.py'),
+                                     'fastxtend_prof.tune._plain': ('tune.html#_plain', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._predict_optimizer': ('tune.html#_predict_optimizer', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._probe': ('tune.html#_probe', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._put_back': ('tune.html#_put_back', 'fastxtend_prof/tune.py'),

@@ -8,7 +8,7 @@ __all__ = ['DRAW_FREE', 'BUDGET', 'DISK_BUDGET', 'CACHE_DIR_ENV', 'IMMUTABLE', '
            'cache_loaders', 'probe_cache']
 
 # %% ../nbs/39_cache.ipynb #216ee56c
-import copy, math, mmap, os, pickle, random, shutil, sys, tempfile, time, weakref, zlib
+import copy, json, math, mmap, os, pickle, random, shutil, sys, tempfile, time, weakref, zlib
 from pathlib import Path
 import numpy as np, torch
 
@@ -74,12 +74,12 @@ class RandomStates:
         return self.py == o.py and _np_same(self.np, o.np) and torch.equal(self.cpu, o.cpu) and self._same_cuda(o)
     def restore(self) -> bool:
         "Put back the states that changed since they were taken; whether any had"
-        now, changed = RandomStates(), []
-        if now.py != self.py: random.setstate(self.py); changed.append('python')
-        if not _np_same(now.np, self.np): np.random.set_state(self.np); changed.append('numpy')
-        if not torch.equal(now.cpu, self.cpu): torch.set_rng_state(self.cpu); changed.append('torch')
-        if self.cuda is not None and not self._same_cuda(now): torch.cuda.set_rng_state_all(self.cuda); changed.append('cuda')
-        return bool(changed)
+        now, changed = RandomStates(), False
+        if now.py != self.py: random.setstate(self.py); changed = True
+        if not _np_same(now.np, self.np): np.random.set_state(self.np); changed = True
+        if not torch.equal(now.cpu, self.cpu): torch.set_rng_state(self.cpu); changed = True
+        if self.cuda is not None and not self._same_cuda(now): torch.cuda.set_rng_state_all(self.cuda); changed = True
+        return changed
 
 def nbytes(x) -> int:
     "Bytes an item holds: its tensors' and arrays' data, its images' pixels, each element of a tuple"
@@ -149,16 +149,18 @@ class DiskItems:
     def _read_index(self):
         "The index a cache of the same `key` left in the folder, where its file holds what it says, every item's checksum included"
         try:
-            old = pickle.loads((self.folder/'index.pkl').read_bytes())
+            old = json.loads((self.folder/'index.json').read_text())  # JSON: reading a damaged or foreign index runs nothing
             ok = isinstance(old, dict) and self.key and old.get('key') == self.key and self.path.stat().st_size == old.get('bytes')
-            if ok and old['index']:
-                with open(self.path, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:  # an item at a time, however large the file
-                    ok = all(zlib.crc32(m[at:at + n]) == crc for at, n, crc in old['index'].values())
-        except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ValueError, TypeError, KeyError): return None
+            if ok:
+                old['index'] = {int(s): tuple(at) for s, at in old['index'].items()}
+                if old['index']:
+                    with open(self.path, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:  # an item at a time, however large the file
+                        ok = all(zlib.crc32(m[at:at + n]) == crc for at, n, crc in old['index'].values())
+        except (OSError, ValueError, TypeError, AttributeError, KeyError): return None  # not JSON, not UTF-8, a field of another shape
         return old if ok else None
     def save_index(self):
         "Write the index beside the file (a folder given only), so that a later cache of the same items reads them instead of making them"
-        if not self.own: (self.folder/'index.pkl').write_bytes(pickle.dumps(dict(key=self.key, index=self.index, bytes=self.bytes)))
+        if not self.own: (self.folder/'index.json').write_text(json.dumps(dict(key=self.key, index=self.index, bytes=self.bytes)))
     def put(self, s, x) -> bool:
         "Keep item `x` as `s`, where the budget allows and this is the process that made the cache; whether it was kept"
         if os.getpid() != self.writer: return False  # a worker: its items would be lost with it, and two would write at once
@@ -182,7 +184,7 @@ class DiskItems:
         "Start the file anew, the index a folder given held removed (what an earlier cache left there was not the same)"
         self.index, self.bytes, self.reused, self._mm = {}, 0, False, None
         self.path.write_bytes(b'')
-        (self.folder/'index.pkl').unlink(missing_ok=True)
+        (self.folder/'index.json').unlink(missing_ok=True)
     def clear(self):
         "Forget the items; remove its own folder (a folder given keeps its file and index for the next cache)"
         self.index, self.bytes, self._mm = {}, 0, None

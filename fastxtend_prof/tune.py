@@ -93,6 +93,8 @@ class Fix:
     def name(self) -> str: return STRATEGIES[self.kind].label(self.value) if self.kind in STRATEGIES else f'{self.kind}={self.value}'
 
 # %% ../nbs/17_tune.ipynb #a1ea046b
+def _plain(v): return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)  # a value as JSON takes it (a device as its name)
+
 @dataclass
 class TuneContext:
     "What the tuner knows of a Learner, read by every strategy's `predict`: what it may change (`tune_context`), what the probes of its loader found (`PROBED`, `speed_find`'s), the training thread's wait for a core, and each strategy's own `needs`"
@@ -129,9 +131,8 @@ class TuneContext:
 
     def plain(self) -> dict:
         "The fields as JSON takes them (a device as its name; a strategy's need as it is where JSON takes it, else its text)"
-        plain = lambda v: v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
-        d = {f.name: plain(getattr(self, f.name)) for f in fields(self) if f.name != 'needs'}
-        return {**d, 'needs': {k: v if isinstance(v, (list, dict)) else plain(v) for k, v in self.needs.items()}}
+        d = {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name != 'needs'}
+        return {**d, 'needs': {k: v if isinstance(v, (list, dict)) else _plain(v) for k, v in self.needs.items()}}
 
     @classmethod
     def read(cls, d:dict):
@@ -712,8 +713,7 @@ class SpeedResult:
 
     def save(self, path):
         "The kept configuration, as JSON at `path`: `load_speed(path).apply(learn)` sets it on the Learner built again"
-        plain = lambda v: v if v is None or isinstance(v, (bool, int, float, str)) else str(v)  # a device as its name
-        fixes = [dict(kind=f.kind, value=plain(f.value), target=str(f.target), predicted=f.predicted, why=f.why) for f in self.fixes]
+        fixes = [dict(kind=f.kind, value=_plain(f.value), target=str(f.target), predicted=f.predicted, why=f.why) for f in self.fixes]
         Path(path).write_text(json.dumps(dict(format=SPEED_FORMAT, verdict=self.verdict, fixes=fixes,
                                               start=self.start.plain()), indent=1) + '\n')
         return Path(path)

@@ -290,7 +290,7 @@ def test_a_folder_given_is_kept_and_read_again_unless_it_changed(jpegs, tmp_path
     undo, caches, _ = cache_loaders(learn, budget=total//3, loaders=[learn.dls.train], disk=folder)
     first = len(made)
     undo()
-    assert (folder/'loader0'/'items.bin').stat().st_size > 0 and (folder/'loader0'/'index.pkl').exists()
+    assert (folder/'loader0'/'items.bin').stat().st_size > 0 and (folder/'loader0'/'index.json').exists()
     again = jpeg_learner(jpegs, get_x=counted)
     made.clear()
     undo, caches, _ = cache_loaders(again, budget=total//3, loaders=[again.dls.train], disk=folder)
@@ -307,6 +307,12 @@ def test_a_folder_given_is_kept_and_read_again_unless_it_changed(jpegs, tmp_path
     assert not caches[0].disk.reused and len(caches[0].disk) == on_disk
     assert same(plain, fitted(third))
     undo()
+    for text in ('', '{"key": 1', '[1, 2]', '{"key": "k", "index": {"0": 5}, "bytes": 0}'):  # a damaged index: not reused, no error
+        (folder/'loader0'/'index.json').write_text(text)
+        fourth = jpeg_learner(jpegs)
+        undo, caches, _ = cache_loaders(fourth, budget=total//3, loaders=[fourth.dls.train], disk=folder)
+        assert not caches[0].disk.reused and len(caches[0].disk) == on_disk, text
+        undo()
 
 def test_speed_find_keeps_the_disk_cache_where_memory_holds_a_third(jpegs, monkeypatch, capsys):
     """Decoding that sleeps 30 ms an item (a slow disk or network: load cannot shorten it, the cache skips it) and a
