@@ -84,16 +84,19 @@ class AddNoise(RandTransform):
     def encodes(self, x:TensorImage): return x.add_(self.k)
 
 @pytest.mark.parametrize('num_workers', [0, 2])
-def test_a_transform_that_changes_its_input_in_place_leaves_the_kept_items_alone(pngs, num_workers):
+@pytest.mark.parametrize('disk', [False, True])
+def test_a_transform_that_changes_its_input_in_place_leaves_the_kept_items_alone(pngs, num_workers, disk):
     """The kept items are handed out as copies: a later transform that adds to its input in place changes the copy, not
     the kept item, and the next epoch starts from the decoded item again, as without the cache. Handing out the kept
     item itself, each epoch started from the last one's noise and the weights differed (with 0 workers, where the items
-    are made in the process that holds the cache; fastai's workers each start from the cache as filled)"""
+    are made in the process that holds the cache; fastai's workers each start from the cache as filled). With the disk
+    for the items past a small memory budget, an item read from the file is a new object each time: the same holds"""
     tfms = lambda: [Resize(16), AddNoise()]
     plain = fitted(learner(pngs, num_workers, item_tfms=tfms()), epochs=3)
     learn = learner(pngs, num_workers, item_tfms=tfms())
-    _, caches, notes = cache_loaders(learn)
+    _, caches, notes = cache_loaders(learn, **(dict(budget=20*(3*16*16 + 8), disk=True) if disk else {}))
     assert sorted(caches) == [0, 1] and [type(f).__name__ for f in caches[0].rest] == ['AddNoise'] and caches[0].copies, notes
+    assert (len(caches[0].disk) > len(caches[0].store) > 0) if disk else caches[0].disk is None
     kept = {s: x[0].clone() for s, x in caches[0].store.items()}
     assert same(plain, fitted(learn, epochs=3))
     assert all(torch.equal(caches[0].store[s][0], x) for s, x in kept.items())
