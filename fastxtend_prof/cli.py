@@ -16,15 +16,19 @@ if TYPE_CHECKING: import torch  # for `demo_device`'s annotation: the commands i
 # %% ../nbs/10_cli.ipynb #348fa301
 def demo_device(device:str='auto') -> 'torch.device':
     "The device for `device`: 'auto' is CUDA when torch sees a GPU, else the CPU; ValueError for 'cuda' without one"
-    if device not in DEVICES: raise ValueError(f"`device` must be one of {', '.join(map(repr, DEVICES))}, got {device!r}")
+    if device not in DEVICES: raise ValueError(f"`device` must be one of {', '.join(map(repr, DEVICES))}, got "
+                                               f"{device!r}")
     import torch  # here: asking for CUDA needs torch (not fastai), and nothing before it does
     if device == 'auto': device = 'cuda' if torch.cuda.is_available() else 'cpu'
     if device == 'cuda' and not torch.cuda.is_available():
-        raise ValueError(f"device 'cuda' was asked for, but torch {torch.__version__} sees no CUDA device (use 'auto' or 'cpu')")
+        raise ValueError(f"device 'cuda' was asked for, but torch {torch.__version__} sees no CUDA device (use "
+                         "'auto' or 'cpu')")
     return torch.device(device)
 
 def demo_threads(num_workers:int, device) -> int|None:
-    "torch's threads for the demo on `device`: on a CPU, the cores its `num_workers` loader workers leave, at least one (torch's default threads beside the workers fought them for the cores: identical demo runs 4,026 to 359 samples/s on a busy 2-core machine); None (torch's own) on an accelerator or where `OMP_NUM_THREADS` says"
+    ("torch's threads for the demo on `device`: on a CPU, the cores its `num_workers` loader workers leave, at least "
+     "one (torch's default threads beside the workers fought them for the cores: identical demo runs 4,026 to 359 "
+     "samples/s on a busy 2-core machine); None (torch's own) on an accelerator or where `OMP_NUM_THREADS` says")
     import os
     if getattr(device, 'type', device) != 'cpu' or 'OMP_NUM_THREADS' in os.environ: return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
@@ -32,7 +36,8 @@ def demo_threads(num_workers:int, device) -> int|None:
 
 # %% ../nbs/10_cli.ipynb #cf4e40ed
 def _number(conv, lo:float, what:str):
-    "An argparse type: `conv(s)`, finite and at least `lo`, or one clear message (not argparse's 'invalid <function> value')"
+    ("An argparse type: `conv(s)`, finite and at least `lo`, or one clear message (not argparse's 'invalid <function> "
+     "value')")
     def f(s):
         try: v = conv(s)
         except ValueError: v = None
@@ -44,7 +49,8 @@ _positive_int = _number(int, 1, 'a positive integer')
 def _non_negative(conv): return _number(conv, 0, 'an integer >= 0' if conv is int else 'a number >= 0')
 
 class _OneLineErrors(argparse.ArgumentParser):
-    "A parser whose bad options cost one line on stderr (and exit 2), without the usage block: the command's and each subcommand's; an option is taken only whole (`--epoch` is not `--epochs`)"
+    ("A parser whose bad options cost one line on stderr (and exit 2), without the usage block: the command's and each "
+     "subcommand's; an option is taken only whole (`--epoch` is not `--epochs`)")
     def __init__(self, *args, **kwargs): super().__init__(*args, **{'allow_abbrev': False, **kwargs})
     def error(self, message): self.exit(2, f'{self.prog}: error: {message}\n')
 
@@ -55,99 +61,169 @@ def _options_of(p:argparse.ArgumentParser) -> list:
 def _unrecognized(words:list, known:list) -> str:
     "The error for unrecognized `words`: each option among them with the closest of `known`"
     import difflib
-    hint = lambda w: next((f' (did you mean {m}?)' for m in difflib.get_close_matches(w.split('=')[0], known, n=1)), '') if w.startswith('-') else ''
+    hint = lambda w: next((f' (did you mean {m}?)' for m in difflib.get_close_matches(w.split('=')[0], known, n=1)),
+                          '') if w.startswith('-') else ''
     return 'unrecognized arguments: ' + ' '.join(w + hint(w) for w in words)
 
 RUN_HELP = 'profile every fit of a fastai script, unchanged: run SCRIPT [args...] or run -m MODULE [args...]'
 
 def parser():
-    "The `fastxtend-prof` argument parser (`run` is listed, but `main` hands it its arguments before this parser sees them)"
-    from fastxtend_prof.recorder import SYNC_MODES  # numpy: here, so that `run` starts the script before anything of it is imported
+    ("The `fastxtend-prof` argument parser (`run` is listed, but `main` hands it its arguments before this parser sees "
+     "them)")
+    # numpy: here, so that `run` starts the script before anything of it is imported
+    from fastxtend_prof.recorder import SYNC_MODES
     p = _OneLineErrors(prog='fastxtend-prof',
-                       description='Profile a short fastai training run and print where the time went: with no command, the demo '
-                                   '(its options: fastxtend-prof demo --help). Each command: fastxtend-prof COMMAND --help.')
+                       description='Profile a short fastai training run and print where the time went: with no '
+                                   'command, the demo '
+                                   '(its options: fastxtend-prof demo --help). Each command: fastxtend-prof COMMAND '
+                                   '--help.')
     sub = p.add_subparsers(dest='command', parser_class=_OneLineErrors)
     d = sub.add_parser('demo', help='profile a small CNN on scikit-learn digits (the default command)')
     for q in (p, d):  # the subcommand's copies default to nothing, so options given before `demo` stand
         dflt = (lambda v: dict(default=v)) if q is p else (lambda v: dict(default=argparse.SUPPRESS))
         q.add_argument('--epochs', type=_positive_int, **dflt(2), help='epochs to train (default: 2)')
         q.add_argument('--bs', type=_positive_int, **dflt(64), help='batch size (default: 64)')
-        q.add_argument('--num-workers', type=_non_negative(int), **dflt(2), help='DataLoader worker processes (default: 2)')
-        q.add_argument('--slow-data', type=_non_negative(float), **dflt(0.), metavar='SECONDS', help='extra loading time per batch, to show a data-bound run (default: 0)')
-        q.add_argument('--warmup', type=_non_negative(int), **dflt(1), help='leading batches per epoch reported apart (default: 1)')
-        q.add_argument('--device', choices=DEVICES, **dflt('auto'), help='where to train: auto (a CUDA GPU if there is one), cpu or cuda (default: auto)')
-        q.add_argument('--sync', choices=SYNC_MODES, **dflt('auto'), help="how steps are timed on an accelerator (default: auto)")
+        q.add_argument('--num-workers', type=_non_negative(int), **dflt(2),
+                       help='DataLoader worker processes (default: 2)')
+        q.add_argument('--slow-data', type=_non_negative(float), **dflt(0.), metavar='SECONDS',
+                       help='extra loading time per batch, to show a data-bound run (default: 0)')
+        q.add_argument('--warmup', type=_non_negative(int), **dflt(1),
+                       help='leading batches per epoch reported apart (default: 1)')
+        q.add_argument('--device', choices=DEVICES, **dflt('auto'),
+                       help='where to train: auto (a CUDA GPU if there is one), cpu or cuda (default: auto)')
+        q.add_argument('--sync', choices=SYNC_MODES, **dflt('auto'),
+                       help="how steps are timed on an accelerator (default: auto)")
         q.add_argument('--csv', metavar='PATH', **dflt(None), help='save the numeric results to this CSV file')
         q.add_argument('--plot', metavar='PATH', **dflt(None), help='save the breakdown chart to this PNG file')
         q.add_argument('--trace', metavar='PATH', nargs='?', const='profile_trace.json', **dflt(None),
-                       help='run torch.profiler over a few train batches and write a Chrome/Perfetto trace (default: profile_trace.json)')
-        q.add_argument('--save-json', metavar='PATH', **dflt(None), help='save the profile as JSON, to compare with another run: fastxtend-prof compare BASE.json NEW.json')
-        q.add_argument('--html', metavar='PATH', **dflt(None), help='save the report page: one HTML file that opens offline in a browser')
-        q.add_argument('--no-progress', action='store_true', **dflt(False), help="print one line per epoch (epoch, losses, metrics, time) instead of fastai's progress bar")
-    for o in p._actions:  # taken before the command too (`fastxtend-prof --epochs 1` is the demo), listed under `demo --help`
+                       help='run torch.profiler over a few train batches and write a Chrome/Perfetto trace (default: '
+                            'profile_trace.json)')
+        q.add_argument('--save-json', metavar='PATH', **dflt(None),
+                       help='save the profile as JSON, to compare with another run: fastxtend-prof compare BASE.json '
+                            'NEW.json')
+        q.add_argument('--html', metavar='PATH', **dflt(None),
+                       help='save the report page: one HTML file that opens offline in a browser')
+        q.add_argument('--no-progress', action='store_true', **dflt(False),
+                       help="print one line per epoch (epoch, losses, metrics, time) instead of fastai's progress bar")
+    # taken before the command too (`fastxtend-prof --epochs 1` is the demo), listed under `demo --help`
+    for o in p._actions:
         if o.option_strings and o.option_strings != ['-h', '--help']: o.help = argparse.SUPPRESS
     d.set_defaults(func=demo_command)
-    c = sub.add_parser('compare', help='compare two saved profiles, BASE then NEW, or NEW --baseline BASE (learn.profile(save_json=True)); exit 1 with --fail-on-regression when it tripped',
-                       usage='fastxtend-prof compare BASE NEW [options], or fastxtend-prof compare NEW --baseline BASE [options]',
-                       description='Compare two profiles saved as JSON, the baseline first (or named by --baseline, as in `report` and `history`): per step, '
+    c = sub.add_parser('compare', help='compare two saved profiles, BASE then NEW, or NEW --baseline BASE '
+                                       '(learn.profile(save_json=True)); exit 1 with --fail-on-regression when it '
+                                       'tripped',
+                       usage='fastxtend-prof compare BASE NEW [options], or fastxtend-prof compare NEW --baseline '
+                             'BASE [options]',
+                       description='Compare two profiles saved as JSON, the baseline first (or named by --baseline, '
+                                   'as in `report` and `history`): per step, '
                                    'the change of the time per batch, its interval and a test; a verdict in words. '
-                                   'Exit 0, or 1 when --fail-on-regression tripped; 2 with one line on stderr for bad input (a file that is not a run).')
-    c.add_argument('runs', nargs='+', metavar='RUN', help='BASE NEW: the baseline profile (JSON), the run before the change, then the run to judge; or NEW alone, with --baseline')
+                                   'Exit 0, or 1 when --fail-on-regression tripped; 2 with one line on stderr for '
+                                   'bad input (a file that is not a run).')
+    c.add_argument('runs', nargs='+', metavar='RUN',
+                   help='BASE NEW: the baseline profile (JSON), the run before the change, then the run to judge; or '
+                        'NEW alone, with --baseline')
     c.add_argument('--baseline', metavar='BASE', help='the baseline profile (JSON); then one RUN, the run to judge')
-    c.add_argument('--fail-on-regression', '--fail-if-slower', dest='fail_on_regression', type=_non_negative(float), metavar='PCT',
-                   help='exit 1 if --step got significantly slower by more than PCT percent (--fail-if-slower: the same, its earlier name)')
-    c.add_argument('--step', metavar='PHASE/STEP', help='the row --fail-on-regression reads, only with it (default: train/iteration)')
-    c.add_argument('--alpha', type=_number(float, 1e-12, 'a number in (0, 1)'), default=ALPHA, help=f'significance level of the test (default: {ALPHA})')
-    c.add_argument('--min-change', type=_non_negative(float), default=MIN_CHANGE, metavar='PCT', help=f'smallest change in percent called significant (default: {MIN_CHANGE:g})')
-    c.add_argument('--min-share', type=_non_negative(float), default=MIN_SHARE, metavar='PCT', help=f"smallest change, in percent of the phase's iteration time, called significant (default: {MIN_SHARE:g})")
+    c.add_argument('--fail-on-regression', '--fail-if-slower', dest='fail_on_regression', type=_non_negative(float),
+                   metavar='PCT',
+                   help='exit 1 if --step got significantly slower by more than PCT percent (--fail-if-slower: the '
+                        'same, its earlier name)')
+    c.add_argument('--step', metavar='PHASE/STEP',
+                   help='the row --fail-on-regression reads, only with it (default: train/iteration)')
+    c.add_argument('--alpha', type=_number(float, 1e-12, 'a number in (0, 1)'), default=ALPHA,
+                   help=f'significance level of the test (default: {ALPHA})')
+    c.add_argument('--min-change', type=_non_negative(float), default=MIN_CHANGE, metavar='PCT',
+                   help=f'smallest change in percent called significant (default: {MIN_CHANGE:g})')
+    c.add_argument('--min-share', type=_non_negative(float), default=MIN_SHARE, metavar='PCT',
+                   help="smallest change, in percent of the phase's iteration time, called significant (default: "
+                        f"{MIN_SHARE:g})")
     c.add_argument('--plot', metavar='PATH', help='save the side-by-side chart to this PNG file')
-    c.add_argument('--format', choices=FORMATS[:3], default='text', help="text (default); md: a pull request's markdown of NEW and its comparison; json: the summary (its schema in the package)")
-    c.add_argument('-o', '--output', metavar='PATH', help='write it to this file instead of printing it; missing folders are made')
+    c.add_argument('--format', choices=FORMATS[:3], default='text',
+                   help="text (default); md: a pull request's markdown of NEW and its comparison; json: the summary "
+                        "(its schema in the package)")
+    c.add_argument('-o', '--output', metavar='PATH',
+                   help='write it to this file instead of printing it; missing folders are made')
     c.set_defaults(func=compare_command)
-    t = sub.add_parser('tune', help="try the profile's advice on the demo in short trials and keep what is significantly faster (learn.speed_find)",
-                       description='Run learn.speed_find() on the demo: profile the starting configuration, try the fixes its profile points to, '
+    t = sub.add_parser('tune', help="try the profile's advice on the demo in short trials and keep what is "
+                                    "significantly faster (learn.speed_find)",
+                       description='Run learn.speed_find() on the demo: profile the starting configuration, try the '
+                                   'fixes its profile points to, '
                                    'and print each trial with its prediction, its measured change and the verdict.')
     t.add_argument('--bs', type=_positive_int, default=64, help='batch size (default: 64)')
-    t.add_argument('--num-workers', type=_non_negative(int), default=0, help='DataLoader worker processes to start from (default: 0)')
-    t.add_argument('--slow-data', type=_non_negative(float), default=0., metavar='SECONDS', help='extra loading time per batch: a data-bound run the tuner can fix (default: 0)')
-    t.add_argument('--device', choices=DEVICES, default='auto', help='where to train: auto, cpu or cuda (default: auto)')
-    t.add_argument('--max-time', type=_number(float, 1e-9, 'a positive number of seconds'), default=60., metavar='SECONDS', help='budget of the whole search (default: 60)')
-    t.add_argument('--batches', type=_number(int, 2, 'an integer >= 2'), default=40, help='steady train batches per trial (default: 40)')
-    t.add_argument('--warmup', type=_non_negative(int), default=3, help='leading train batches of each loop left out of a trial (default: 3)')
-    t.add_argument('--allow', choices=ASKED, action='append', default=[], help='also try a fix that changes the numerics or the training (repeatable)')
+    t.add_argument('--num-workers', type=_non_negative(int), default=0,
+                   help='DataLoader worker processes to start from (default: 0)')
+    t.add_argument('--slow-data', type=_non_negative(float), default=0., metavar='SECONDS',
+                   help='extra loading time per batch: a data-bound run the tuner can fix (default: 0)')
+    t.add_argument('--device', choices=DEVICES, default='auto',
+                   help='where to train: auto, cpu or cuda (default: auto)')
+    t.add_argument('--max-time', type=_number(float, 1e-9, 'a positive number of seconds'), default=60.,
+                   metavar='SECONDS', help='budget of the whole search (default: 60)')
+    t.add_argument('--batches', type=_number(int, 2, 'an integer >= 2'), default=40,
+                   help='steady train batches per trial (default: 40)')
+    t.add_argument('--warmup', type=_non_negative(int), default=3,
+                   help='leading train batches of each loop left out of a trial (default: 3)')
+    t.add_argument('--allow', choices=ASKED, action='append', default=[],
+                   help='also try a fix that changes the numerics or the training (repeatable)')
     t.add_argument('--plot', metavar='PATH', help='save the chart of the trials to this PNG file')
     t.set_defaults(func=tune_command)
-    r = sub.add_parser('report', help='write the report page of a saved profile (learn.profile(save_json=True)): one HTML file that opens offline',
-                       description='Write one self-contained HTML page of a profile saved as JSON: the overview, the report table, timelines, '
-                                   'distributions, features, ranks and the run; with --baseline, its comparison with that run too. '
+    r = sub.add_parser('report', help='write the report page of a saved profile (learn.profile(save_json=True)): one '
+                                      'HTML file that opens offline',
+                       description='Write one self-contained HTML page of a profile saved as JSON: the overview, the '
+                                   'report table, timelines, '
+                                   'distributions, features, ranks and the run; with --baseline, its comparison with '
+                                   'that run too. '
                                    'Exit 0, or 2 with one line on stderr for bad input (a file that is not a run).')
     r.add_argument('profile', help='the profile (JSON)')
-    r.add_argument('--baseline', metavar='BASE', help='a profile to compare it with, as `compare BASE PROFILE` does (JSON)')
+    r.add_argument('--baseline', metavar='BASE',
+                   help='a profile to compare it with, as `compare BASE PROFILE` does (JSON)')
     r.add_argument('--format', choices=('html', *FORMATS), default='html',
-                   help="html: the page (default); text: the report table and the advice; md: a pull request's markdown; json: the summary (its schema in the package); bmf: Bencher's metric format")
-    r.add_argument('-o', '--output', metavar='PATH', help="where to write it; missing folders are made (default: profile_report.html for the page, else printed)")
+                   help="html: the page (default); text: the report table and the advice; md: a pull request's "
+                        "markdown; json: the summary (its schema in the package); bmf: Bencher's metric format")
+    r.add_argument('-o', '--output', metavar='PATH',
+                   help="where to write it; missing folders are made (default: profile_report.html for the page, "
+                        "else printed)")
     r.set_defaults(func=report_command)
-    h = sub.add_parser('history', help='follow saved runs over time: each step run by run, change points and the step that moved; with --fail-on-regression exit 1 on a regression, 3 when there are too few runs to judge',
-                       description='Read saved runs, oldest first (files in the order given; a folder: its runs by when they were saved), find the change points of every '
-                                   'train step (each run weighed by its own per-batch spread and the spread between runs, every step and split tested at once against '
-                                   'series drawn without a change), name the step that moved and by how much, and judge the latest run against its reference level: '
-                                   'the runs before the earliest slowdown since the last accepted run (--accept), so a regression fails until it is fixed or accepted. '
-                                   'Exit 0, 1 when --fail-on-regression found a regression, 3 when there were too few runs to judge, 2 with one line on stderr for bad input '
+    h = sub.add_parser('history', help='follow saved runs over time: each step run by run, change points and the '
+                                       'step that moved; with --fail-on-regression exit 1 on a regression, 3 when '
+                                       'there are too few runs to judge',
+                       description='Read saved runs, oldest first (files in the order given; a folder: its runs by '
+                                   'when they were saved), find the change points of every '
+                                   'train step (each run weighed by its own per-batch spread and the spread between '
+                                   'runs, every step and split tested at once against '
+                                   'series drawn without a change), name the step that moved and by how much, and '
+                                   'judge the latest run against its reference level: '
+                                   'the runs before the earliest slowdown since the last accepted run (--accept), so '
+                                   'a regression fails until it is fixed or accepted. '
+                                   'Exit 0, 1 when --fail-on-regression found a regression, 3 when there were too '
+                                   'few runs to judge, 2 with one line on stderr for bad input '
                                    '(a file that is not a run, an --accept that names no run).')
     h.add_argument('runs', nargs='+', metavar='RUN', help='saved runs (JSON) or folders of them, oldest first')
-    h.add_argument('--fail-on-regression', type=_non_negative(float), metavar='PCT', help='exit 1 if the latest run is a real slowdown of --step by more than PCT percent')
-    h.add_argument('--step', metavar='train/STEP', help='the step the gate reads, only with --fail-on-regression (default: train/iteration)')
-    h.add_argument('--accept', action='append', default=[], metavar='RUN', help="a run's label or file name: the first run of an intended change, from which the level is the reference (repeatable)")
-    h.add_argument('--accept-file', metavar='PATH', help='a file of runs to accept, one label or file name a line (# starts a comment): a repository keeps its decisions beside its code')
-    h.add_argument('--alpha', type=_number(float, 1e-12, 'a number in (0, 1)'), default=ALPHA, help=f'significance level of every test (default: {ALPHA})')
-    h.add_argument('--min-shift', type=_non_negative(float), default=HISTORY_MIN_SHIFT, metavar='PCT', help=f'smallest move of a step, in percent, called a change point (default: {HISTORY_MIN_SHIFT:g})')
-    h.add_argument('--min-share', type=_non_negative(float), default=HISTORY_MIN_SHARE, metavar='PCT', help=f"... and of the batch's time, in percent of the iteration (default: {HISTORY_MIN_SHARE:g})")
+    h.add_argument('--fail-on-regression', type=_non_negative(float), metavar='PCT',
+                   help='exit 1 if the latest run is a real slowdown of --step by more than PCT percent')
+    h.add_argument('--step', metavar='train/STEP',
+                   help='the step the gate reads, only with --fail-on-regression (default: train/iteration)')
+    h.add_argument('--accept', action='append', default=[], metavar='RUN',
+                   help="a run's label or file name: the first run of an intended change, from which the level is "
+                        "the reference (repeatable)")
+    h.add_argument('--accept-file', metavar='PATH',
+                   help='a file of runs to accept, one label or file name a line (# starts a comment): a repository '
+                        'keeps its decisions beside its code')
+    h.add_argument('--alpha', type=_number(float, 1e-12, 'a number in (0, 1)'), default=ALPHA,
+                   help=f'significance level of every test (default: {ALPHA})')
+    h.add_argument('--min-shift', type=_non_negative(float), default=HISTORY_MIN_SHIFT, metavar='PCT',
+                   help=f'smallest move of a step, in percent, called a change point (default: {HISTORY_MIN_SHIFT:g})')
+    h.add_argument('--min-share', type=_non_negative(float), default=HISTORY_MIN_SHARE, metavar='PCT',
+                   help=f"... and of the batch's time, in percent of the iteration (default: {HISTORY_MIN_SHARE:g})")
     h.add_argument('--format', choices=(*FORMATS, 'html'), default='text',
-                   help="text (default); md: a pull request's markdown; json: the summary; bmf: Bencher's metric format of the latest run; html: the page (to -o, default history.html)")
-    h.add_argument('--html', metavar='PATH', help='also write the page, the chart of every step run by run (one HTML file that opens offline), beside what --format prints')
-    h.add_argument('-o', '--output', metavar='PATH', help='write the text or summary to this file instead of printing it; missing folders are made')
+                   help="text (default); md: a pull request's markdown; json: the summary; bmf: Bencher's metric "
+                        "format of the latest run; html: the page (to -o, default history.html)")
+    h.add_argument('--html', metavar='PATH',
+                   help='also write the page, the chart of every step run by run (one HTML file that opens offline), '
+                        'beside what --format prints')
+    h.add_argument('-o', '--output', metavar='PATH',
+                   help='write the text or summary to this file instead of printing it; missing folders are made')
     h.set_defaults(func=history_command)
-    sub.add_parser('guide', help="print the usage guide for automated readers: the commands, what they print, exit codes, the summary's fields").set_defaults(func=guide_command)
+    sub.add_parser('guide', help="print the usage guide for automated readers: the commands, what they print, exit "
+                                 "codes, the summary's fields").set_defaults(func=guide_command)
     sub.add_parser('run', help=RUN_HELP, add_help=False)  # listed in --help; `main` dispatches `run ...` before parsing
     return p
 
@@ -157,39 +233,49 @@ def _error(command, message) -> int:
     return 2
 
 def _output(path, opt:str, default:str) -> str:
-    "Where `opt`'s file goes (a folder, or a path ending in '/', gets `default`; missing folders are made when it is written), checked writable: before training"
+    ("Where `opt`'s file goes (a folder, or a path ending in '/', gets `default`; missing folders are made when it is "
+     "written), checked writable: before training")
     from fastxtend_prof.saved import output_path, check_writable  # pandas, not torch
     return str(check_writable(output_path(path, default), opt))
 
 def _read(path, name:str):
-    "The run saved at `path`, read and checked before the tools' heavier imports (it needs pandas and numpy only); `name` names the argument in errors"
+    ("The run saved at `path`, read and checked before the tools' heavier imports (it needs pandas and numpy only); "
+     "`name` names the argument in errors")
     from fastxtend_prof.saved import as_profile
     return as_profile(path, name)
 
 def _unexpected(e:Exception, *files) -> str:
-    "One line for an error the checks of the files did not foresee: a bug, named with the files that led to it (never a traceback)"
+    ("One line for an error the checks of the files did not foresee: a bug, named with the files that led to it (never "
+     "a traceback)")
     named = ', '.join(repr(str(f)) for f in files if f)
     return f'{type(e).__name__} while reading {named}: {e} (a bug in fastxtend_prof: please report it with the file)'
 
 def _base_and_new(a):
-    "`(base, new)` from `compare`'s arguments: `BASE NEW`, or `NEW --baseline BASE`; ValueError with the line that is right"
+    ("`(base, new)` from `compare`'s arguments: `BASE NEW`, or `NEW --baseline BASE`; ValueError with the line that is "
+     "right")
     if a.baseline is not None:
-        if len(a.runs) != 1: raise ValueError(f'with --baseline, one run to judge: fastxtend-prof compare {a.runs[-1]} --baseline {a.baseline}')
+        if len(a.runs) != 1: raise ValueError('with --baseline, one run to judge: fastxtend-prof compare '
+                                              f'{a.runs[-1]} --baseline {a.baseline}')
         return a.baseline, a.runs[0]
-    if len(a.runs) != 2: raise ValueError(f'two runs, the baseline first: fastxtend-prof compare BASE NEW (or NEW --baseline BASE); got {len(a.runs)}')
+    if len(a.runs) != 2: raise ValueError('two runs, the baseline first: fastxtend-prof compare BASE NEW (or NEW '
+                                          f'--baseline BASE); got {len(a.runs)}')
     return tuple(a.runs)
 
 def compare_command(a) -> int:
-    "`fastxtend-prof compare`: the comparison, printed or in `--format`; 0, or 1 when `--fail-on-regression` trips; 2 with one line on bad input"
+    ("`fastxtend-prof compare`: the comparison, printed or in `--format`; 0, or 1 when `--fail-on-regression` trips; 2 "
+     "with one line on bad input")
     if a.step is not None and a.fail_on_regression is None:
-        return _error('compare', f'--step names the row --fail-on-regression reads: give --fail-on-regression PCT too (--step {a.step} alone changes nothing)')
+        return _error('compare', '--step names the row --fail-on-regression reads: give --fail-on-regression PCT '
+                                 f'too (--step {a.step} alone changes nothing)')
     step, pct = a.step or 'train/iteration', a.fail_on_regression
     try:
         base_path, new_path = _base_and_new(a)
         plot = _output(a.plot, '--plot', 'profile_comparison.png') if a.plot else None
-        out = _output(a.output, '--output', f'profile_comparison.{"txt" if a.format == "text" else a.format}') if a.output else None
+        ext = 'txt' if a.format == 'text' else a.format
+        out = _output(a.output, '--output', f'profile_comparison.{ext}') if a.output else None
         base, new = _read(base_path, 'base'), _read(new_path, 'new')
-        from fastxtend_prof.compare import compare_profiles, comparison_text, slower_than, plot_comparison  # scipy, not torch
+        # scipy, not torch
+        from fastxtend_prof.compare import compare_profiles, comparison_text, slower_than, plot_comparison
         cmp = compare_profiles(base, new, alpha=a.alpha, min_change=a.min_change, min_share=a.min_share)
         tripped = slower_than(cmp, pct, step) if pct is not None else False
         if a.format == 'text': text = comparison_text(cmp)
@@ -199,7 +285,8 @@ def compare_command(a) -> int:
             text = run_markdown(new, cmp) if a.format == 'md' else json.dumps(run_summary(new, cmp), indent=1)
     except ValueError as e: return _error('compare', e)
     except Exception as e: return _error('compare', _unexpected(e, *a.runs, a.baseline))
-    gate = f'gate {"FAILED" if tripped else "passed"}: {step} must not be significantly slower by more than {pct:g}%' if pct is not None else None
+    gate = (f'gate {"FAILED" if tripped else "passed"}: {step} must not be significantly slower by more than {pct:g}%'
+            if pct is not None else None)
     if gate and a.format == 'text': text = f'{text}\n{gate}'
     _emit(text, out, f'{a.format} comparison')
     say = sys.stderr if out is None and a.format == 'json' else sys.stdout  # printed JSON stays JSON
@@ -210,8 +297,10 @@ def compare_command(a) -> int:
     return int(tripped)
 
 def _outputs(a) -> dict:
-    "The files `a` (parsed arguments) asks for, each checked writable: a folder (or a path ending in '/') gets the default name"
-    opts = (('csv', '--csv', 'simple_profile.csv'), ('plot', '--plot', 'simple_profile.png'), ('trace', '--trace', 'profile_trace.json'),
+    ("The files `a` (parsed arguments) asks for, each checked writable: a folder (or a path ending in '/') gets the "
+     "default name")
+    opts = (('csv', '--csv', 'simple_profile.csv'), ('plot', '--plot', 'simple_profile.png'),
+            ('trace', '--trace', 'profile_trace.json'),
             ('save_json', '--save-json', 'simple_profile.json'), ('html', '--html', 'simple_profile.html'))
     return {key: _output(getattr(a, key), opt, default) for key, opt, default in opts if getattr(a, key)}
 
@@ -223,7 +312,8 @@ def _emit(text:str, path, what:str):
     print(f'Saved: {what} {path}')
 
 def _report_text(prof, cmp=None) -> str:
-    "A saved run as the terminal shows a profile: its report table and its advice, then its comparison `cmp` with a baseline"
+    ("A saved run as the terminal shows a profile: its report table and its advice, then its comparison `cmp` with a "
+     "baseline")
     from fastxtend_prof.report import format_report, report_text
     from fastxtend_prof.compare import comparison_text
     from fastxtend_prof.advice import advice_text  # as `learn.profile()` shows it
@@ -233,9 +323,11 @@ def _report_text(prof, cmp=None) -> str:
     return '\n'.join(lines)
 
 def report_command(a) -> int:
-    "`fastxtend-prof report`: the page of a saved profile (and its comparison with a baseline), or its summary (`--format`); 2 with one line on bad input"
+    ("`fastxtend-prof report`: the page of a saved profile (and its comparison with a baseline), or its summary "
+     "(`--format`); 2 with one line on bad input")
     try:
-        out = _output(a.output or 'profile_report.html', '--output', 'profile_report.html') if a.format == 'html' or a.output else None
+        out = _output(a.output or 'profile_report.html', '--output',
+                      'profile_report.html') if a.format == 'html' or a.output else None
         prof, base = _read(a.profile, 'profile'), _read(a.baseline, 'baseline') if a.baseline else None
         t0 = time.perf_counter()
         if a.format == 'html':
@@ -247,13 +339,15 @@ def report_command(a) -> int:
             from fastxtend_prof.summary import run_bmf, run_markdown, run_summary
             cmp = compare_profiles(base, prof) if base is not None else None
             text = {'text': lambda: _report_text(prof, cmp), 'md': lambda: run_markdown(prof, cmp),
-                    'json': lambda: json.dumps(run_summary(prof, cmp), indent=1), 'bmf': lambda: json.dumps(run_bmf(prof), indent=1)}[a.format]()
+                    'json': lambda: json.dumps(run_summary(prof, cmp), indent=1),
+                    'bmf': lambda: json.dumps(run_bmf(prof), indent=1)}[a.format]()
     except (ValueError, ImportError) as e: return _error('report', e)
     except Exception as e: return _error('report', _unexpected(e, a.profile, a.baseline))
     if a.format != 'html':
         _emit(text, out, f'{a.format} summary')
         return 0
-    print(f'Saved: page {path} ({path.stat().st_size/1e6:.1f} MB in {time.perf_counter() - t0:.1f} s); open it in a browser')
+    print(f'Saved: page {path} ({path.stat().st_size/1e6:.1f} MB in {time.perf_counter() - t0:.1f} s); open it in a '
+          'browser')
     return 0
 
 def _accept_file(path) -> list:
@@ -262,16 +356,20 @@ def _accept_file(path) -> list:
     except OSError as e: raise ValueError(f'--accept-file {path}: cannot be read: {e.strerror or e}') from None
     return [l.split('#', 1)[0].strip() for l in text.splitlines() if l.split('#', 1)[0].strip()]
 
-GATE_EXIT = {'no regression': 0, 'regression': 1, 'not enough runs': 3}  # the exit status of `history --fail-on-regression`
+# the exit status of `history --fail-on-regression`
+GATE_EXIT = {'no regression': 0, 'regression': 1, 'not enough runs': 3}
 
 def history_command(a) -> int:
-    "`fastxtend-prof history`: the runs over time, their change points and the latest run's verdict; with `--fail-on-regression` 1 on a regression, 3 with too few runs to judge, else 0; 2 with one line on bad input"
+    ("`fastxtend-prof history`: the runs over time, their change points and the latest run's verdict; with "
+     "`--fail-on-regression` 1 on a regression, 3 with too few runs to judge, else 0; 2 with one line on bad input")
     if a.step is not None and a.fail_on_regression is None:
-        return _error('history', f'--step names the step --fail-on-regression reads: give --fail-on-regression PCT too (--step {a.step} alone changes nothing)')
+        return _error('history', '--step names the step --fail-on-regression reads: give --fail-on-regression PCT '
+                                 f'too (--step {a.step} alone changes nothing)')
     step, gating = a.step or 'train/iteration', a.fail_on_regression is not None
     try:
         as_page = a.format == 'html'
-        out = _output(a.output or ('history.html' if as_page else None), '--output', 'history.html' if as_page else 'history.txt') if a.output or as_page else None
+        out = _output(a.output or ('history.html' if as_page else None), '--output',
+                      'history.html' if as_page else 'history.txt') if a.output or as_page else None
         page = _output(a.html, '--html', 'history.html') if a.html else None
         from_file = _accept_file(a.accept_file) if a.accept_file else []
         from fastxtend_prof.saved import load_profiles  # every file read and checked first: pandas and numpy only
@@ -281,14 +379,20 @@ def history_command(a) -> int:
         from fastxtend_prof.summary import history_bmf, history_markdown, history_summary
         h = history(runs, alpha=a.alpha, min_shift=a.min_shift, min_share=a.min_share)
         accepted, unknown = accepted_runs(h, a.accept)
-        if unknown: return _error('history', f"--accept {unknown[0]}: no run of the history has that label or file name")
+        if unknown: return _error('history', f"--accept {unknown[0]}: no run of the history has that label or file "
+                                             "name")
         more, skipped = accepted_runs(h, from_file)
-        if skipped: h.notes.append(f"--accept-file names {len(skipped)} run{'s' if len(skipped) > 1 else ''} this history does not hold ({', '.join(skipped[:3])}{', ...' if len(skipped) > 3 else ''})")
+        if skipped: h.notes.append(f"--accept-file names {len(skipped)} run{'s' if len(skipped) > 1 else ''} this "
+                                   "history does not hold "
+                                   f"({', '.join(skipped[:3])}{', ...' if len(skipped) > 3 else ''})")
         verdict = gate(h, a.fail_on_regression, step, sorted(set(accepted + more))) if gating else None
-        line = f'gate: {verdict.kind} (the latest run\'s {step} must not be a real slowdown of more than {a.fail_on_regression:g}%): {verdict_text(h, verdict)}' if gating else ''
+        line = (f'gate: {verdict.kind} (the latest run\'s {step} must not be a real slowdown of more than '
+                f'{a.fail_on_regression:g}%): {verdict_text(h, verdict)}') if gating else ''
         from fastxtend_prof.history import history_page
-        text = {'text': lambda: history_text(h) + (f'\n{line}' if line else ''), 'md': lambda: history_markdown(h, verdict), 'html': lambda: history_page(h),
-                'json': lambda: json.dumps(history_summary(h, verdict), indent=1), 'bmf': lambda: json.dumps(history_bmf(h), indent=1)}[a.format]()
+        text = {'text': lambda: history_text(h) + (f'\n{line}' if line else ''),
+                'md': lambda: history_markdown(h, verdict), 'html': lambda: history_page(h),
+                'json': lambda: json.dumps(history_summary(h, verdict), indent=1),
+                'bmf': lambda: json.dumps(history_bmf(h), indent=1)}[a.format]()
         if page:
             from fastxtend_prof.saved import atomic_write_text
             atomic_write_text(page, history_page(h))
@@ -296,7 +400,9 @@ def history_command(a) -> int:
     except Exception as e: return _error('history', _unexpected(e, *a.runs))
     _emit(text, out, 'page' if as_page else f'{a.format} history')
     if as_page and line: print(line)
-    if page: print(f'Saved: page {page}', file=sys.stderr if out is None and a.format in ('json', 'bmf') else sys.stdout)  # printed JSON stays JSON
+    # printed JSON stays JSON
+    if page: print(f'Saved: page {page}',
+                   file=sys.stderr if out is None and a.format in ('json', 'bmf') else sys.stdout)
     return GATE_EXIT[verdict.kind] if gating else 0
 
 def guide_command(a) -> int:
@@ -306,7 +412,8 @@ def guide_command(a) -> int:
     return 0
 
 def tune_command(a) -> int:
-    "`fastxtend-prof tune`: `learn.speed_find()` on the demo's Learner, the table printed; 2 with one line on bad input, before training"
+    ("`fastxtend-prof tune`: `learn.speed_find()` on the demo's Learner, the table printed; 2 with one line on bad "
+     "input, before training")
     try:
         plot = _output(a.plot, '--plot', 'speed_find.png') if a.plot else None
         demo_device(a.device)  # a machine without CUDA gets one line, before anything is built
@@ -321,21 +428,26 @@ def tune_command(a) -> int:
     return 0
 
 def demo_command(a) -> int:
-    "`fastxtend-prof demo` (the default command): the files and the device checked, then the demo trained; 2 with one line on bad input"
+    ("`fastxtend-prof demo` (the default command): the files and the device checked, then the demo trained; 2 with one "
+     "line on bad input")
     try:
         out = _outputs(a)  # where each file goes, checked before anything is trained
         if a.html is not None and importlib.util.find_spec('plotly') is None:  # not a traceback after training
-            raise ValueError("--html draws the page's charts with plotly, which this environment lacks: pip install 'fastxtend-prof[html]' (or plotly)")
-        device = demo_device(a.device)  # last: it imports torch; a machine without CUDA gets one line, before anything is built
+            raise ValueError("--html draws the page's charts with plotly, which this environment lacks: pip install "
+                             "'fastxtend-prof[html]' (or plotly)")
+        # last: it imports torch; a machine without CUDA gets one line, before anything is built
+        device = demo_device(a.device)
     except ValueError as e: return _error(None, e)
     import torch
     from fastxtend_prof import digits
     threads = demo_threads(a.num_workers, device)
     if threads is not None: torch.set_num_threads(threads)
-    learn = digits.demo(epochs=a.epochs, bs=a.bs, num_workers=a.num_workers, slow_data=a.slow_data, warmup=a.warmup, progress=not a.no_progress,
+    learn = digits.demo(epochs=a.epochs, bs=a.bs, num_workers=a.num_workers, slow_data=a.slow_data, warmup=a.warmup,
+                        progress=not a.no_progress,
                  sync=a.sync, device=a.device, **out)  # the report's last line says which files were written
     trace = getattr(learn.profile_result, 'trace', None)
-    if a.trace and trace and trace.get('trace_path'): print('open the trace in https://ui.perfetto.dev or chrome://tracing')
+    if a.trace and trace and trace.get('trace_path'): print('open the trace in https://ui.perfetto.dev or '
+                                                            'chrome://tracing')
     return 0
 
 def main(argv=None):
@@ -346,8 +458,9 @@ def main(argv=None):
         return autorun.main(argv[1:])  # the script's Python as `python` would have it: no filter of ours
     with warnings.catch_warnings():
         # fastai compiles a few layers with `torch.jit.script` as it is imported, which torch 2.14 deprecates with a
-        # FutureWarning: nothing a user of these commands can act on, and it would break the promise that a bad option costs
-        # one line of stderr. Filtered while a command runs, not for the process: importing this module changes nothing
+        # FutureWarning: nothing a user of these commands can act on, and it would break the promise that a bad option
+        # costs one line of stderr. Filtered while a command runs, not for the process: importing this module changes
+        # nothing
         warnings.filterwarnings('ignore', message=r'`torch\.jit\.script` is deprecated', category=FutureWarning)
         return _command(argv)
 
@@ -355,20 +468,26 @@ def _command(argv:list) -> int:
     "Parse `argv` (all but `run`) and run its command"
     p = parser()
     sub = next(a for a in p._actions if isinstance(a, argparse._SubParsersAction))
-    at = next((i for i, w in enumerate(argv) if w in sub.choices), len(argv))  # the options before the command are the top parser's
+    # the options before the command are the top parser's
+    at = next((i for i, w in enumerate(argv) if w in sub.choices), len(argv))
     wrong = [w for w in argv[:at] if w.startswith('--') and w.split('=')[0] not in _options_of(p)]
-    if wrong: return _error(None, _unrecognized(wrong, _options_of(p)))  # else argparse takes the value after it for the command: "invalid choice: '1'"
+    # else argparse takes the value after it for the command: "invalid choice: '1'"
+    if wrong: return _error(None, _unrecognized(wrong, _options_of(p)))
     a, extra = p.parse_known_args(argv)
-    if a.command == 'run': return _error(None, 'put `run` first: fastxtend-prof run SCRIPT [args...] or fastxtend-prof run -m MODULE [args...]')
+    if a.command == 'run': return _error(None, 'put `run` first: fastxtend-prof run SCRIPT [args...] or '
+                                               'fastxtend-prof run -m MODULE [args...]')
     if a.command == 'report' and extra and not extra[0].startswith('-'):
-        return _error('report', f'one profile, then the run to compare it with as --baseline: fastxtend-prof report {a.profile} --baseline {extra[0]}')
-    if extra: return _error(a.command, _unrecognized(extra, _options_of(sub.choices.get(a.command, p))))  # one line, as for any other bad option
+        return _error('report', 'one profile, then the run to compare it with as --baseline: fastxtend-prof report '
+                                f'{a.profile} --baseline {extra[0]}')
+    # one line, as for any other bad option
+    if extra: return _error(a.command, _unrecognized(extra, _options_of(sub.choices.get(a.command, p))))
     return getattr(a, 'func', demo_command)(a)  # each sub-parser names its command; none given: the demo
 
 _DEMO = ('DigitsDataset', 'digits_dls', 'digits_cnn', 'digits_learner', 'epoch_line', 'print_epoch', 'demo')
 
 def __getattr__(name):
-    "The demo's pieces, still importable from here (`from fastxtend_prof.cli import demo`): `digits` (torch, fastai) is imported when one is asked for"
+    ("The demo's pieces, still importable from here (`from fastxtend_prof.cli import demo`): `digits` (torch, fastai) "
+     "is imported when one is asked for")
     if name in _DEMO:
         from fastxtend_prof import digits
         return getattr(digits, name)

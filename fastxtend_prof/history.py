@@ -17,21 +17,30 @@ import numpy as np, pandas as pd
 from .recorder import DRAW_STEPS, Cols, Phase, Step, TRAIN_PARTS
 from .report import format_duration, format_pct, text_table, text_width
 from .saved import META, SavedProfile, as_profile, load_profiles
-from .stats import (BLOCK, CHANGE, CI_HIGH, CI_LOW, P_VALUE, Estimate, adjusted_p, compare, estimate, level, null_max, student,  # noqa: F401  (BLOCK: read from here too)
-    scan as _scan, segment)
+from .stats import BLOCK  # noqa: F401  (read from here too)
+from .stats import (CHANGE, CI_HIGH, CI_LOW, P_VALUE, Estimate, adjusted_p, compare, estimate, level,
+                                  null_max, student, scan as _scan, segment)
 from .advice import fill_text
 from .defaults import ALPHA, HISTORY_MIN_SHIFT, HISTORY_MIN_SHARE
 from .compare import COMPARED_SETTINGS
 
 # %% ../nbs/37_history.ipynb #623841d7
-HISTORY_STEPS = (Step.ITERATION, Step.DRAW, *DRAW_STEPS, *TRAIN_PARTS[1:])  # the train steps a history follows: the iteration, then each part in the order a batch runs them
-LEAVES = tuple(str(s) for s in (*DRAW_STEPS, *TRAIN_PARTS[1:]))  # the parts a batch's time splits into (the draw's parts, where the loop timed them)
+# the train steps a history follows: the iteration, then each part in the order a batch runs them
+HISTORY_STEPS = (Step.ITERATION, Step.DRAW, *DRAW_STEPS, *TRAIN_PARTS[1:])
+# the parts a batch's time splits into (the draw's parts, where the loop timed them)
+LEAVES = tuple(str(s) for s in (*DRAW_STEPS, *TRAIN_PARTS[1:]))
 DRAWS = 1999  # series drawn under no change that each test is calibrated against
-MIN_SIDE = 2  # runs on each side of a change point: a single run apart is a blip (the latest run's check judges the last one)
+# runs on each side of a change point: a single run apart is a blip (the latest run's check judges the last one)
+MIN_SIDE = 2
 MIN_RUNS = 5  # runs a history needs before it looks for change points
-MIN_SHIFT, MIN_SHARE = HISTORY_MIN_SHIFT, HISTORY_MIN_SHARE  # percent a change point moves a step, and the batch's time (of the iteration), at least: in `defaults`, which the command line reads
-TAIL = 3  # the most runs at the end of a history a slowdown can hold unseen by the change points: each of them, and the latest, slower on its own
-VERDICTS = ('regression', 'no regression', 'not enough runs')  # what the gate says; exit status 1, 0 and 3 on the command line
+# percent a change point moves a step, and the batch's time (of the iteration), at least: in `defaults`, which the
+# command line reads
+MIN_SHIFT, MIN_SHARE = HISTORY_MIN_SHIFT, HISTORY_MIN_SHARE
+# the most runs at the end of a history a slowdown can hold unseen by the change points: each of them, and the latest,
+# slower on its own
+TAIL = 3
+# what the gate says; exit status 1, 0 and 3 on the command line
+VERDICTS = ('regression', 'no regression', 'not enough runs')
 
 # %% ../nbs/37_history.ipynb #3f227a45
 def step_estimate(d) -> tuple:
@@ -46,7 +55,8 @@ def run_name(run:SavedProfile) -> str:
 
 @dataclass
 class Series:
-    "The runs of a history side by side: per run and step, the mean seconds a steady batch and its standard error, and the values the tests read"
+    ("The runs of a history side by side: per run and step, the mean seconds a steady batch and its standard error, "
+     "and the values the tests read")
     runs:list # The `SavedProfile`s, oldest first
     steps:list # The train steps every run timed, the iteration first, then its parts in `HISTORY_STEPS` order
     mean:np.ndarray # runs × steps: mean seconds a steady batch
@@ -54,7 +64,8 @@ class Series:
     df:np.ndarray|None=None # runs × steps: the degrees of freedom of `se`
 
     def tested(self) -> tuple:
-        "`(x, v)`, steps × runs: the log of the iteration's time, and of each part's time against the rest of the iteration; their variances (the delta method)"
+        ("`(x, v)`, steps × runs: the log of the iteration's time, and of each part's time against the rest of the "
+         "iteration; their variances (the delta method)")
         it, se_it = self.mean[:, :1], self.se[:, :1]
         rest = it - self.mean
         rest[:, 0], se_rest = 1., np.sqrt(se_it**2 + self.se**2)  # (the iteration itself is not divided)
@@ -67,19 +78,23 @@ class Series:
         return np.log(self.mean).T, ((self.se/self.mean)**2).T
 
 def _leaves(steps) -> list:
-    "The parts of the batch among `steps`: the draw's parts where the loop timed them (else the draw), and the batch's steps and `other`"
+    ("The parts of the batch among `steps`: the draw's parts where the loop timed them (else the draw), and the "
+     "batch's steps and `other`")
     split = any(str(st) in steps for st in DRAW_STEPS)
     return [st for st in (*LEAVES, *([] if split else [str(Step.DRAW)])) if st in steps]
 
 def series_of(runs:list) -> Series:
-    "The `Series` of `runs` (`SavedProfile`s, oldest first): the iteration and the parts of it every run timed batch by batch, with time and spread in every run; each run read once"
+    ("The `Series` of `runs` (`SavedProfile`s, oldest first): the iteration and the parts of it every run timed batch "
+     "by batch, with time and spread in every run; each run read once")
     per = [{s: estimate(d) for (p, s), d in r.distributions.items() if p == Phase.TRAIN} for r in runs]
     steps = [str(s) for s in HISTORY_STEPS if all(str(s) in e for e in per)]
     empty = lambda: Series(list(runs), [], np.zeros((len(runs), 0)), np.zeros((len(runs), 0)), np.zeros((len(runs), 0)))
     if str(Step.ITERATION) not in steps: return empty()
     mean, se, df = (np.array([[getattr(e[s], a) for s in steps] for e in per], float) for a in ('mean', 'se', 'df'))
-    ok = np.all((mean > 0) & np.isfinite(se) & (se > 0) & ((mean < mean[:, :1]) | (np.arange(len(steps)) == 0)), axis=0)  # time, spread, and a rest of the iteration in every run
-    return Series(list(runs), [s for s, k in zip(steps, ok) if k], mean[:, ok], se[:, ok], df[:, ok]) if ok[0] else empty()
+    # time, spread, and a rest of the iteration in every run
+    ok = np.all((mean > 0) & np.isfinite(se) & (se > 0) & ((mean < mean[:, :1]) | (np.arange(len(steps)) == 0)), axis=0)
+    if not ok[0]: return empty()
+    return Series(list(runs), [s for s, k in zip(steps, ok) if k], mean[:, ok], se[:, ok], df[:, ok])
 
 # %% ../nbs/37_history.ipynb #28934865
 def scan(x, v, min_side:int=MIN_SIDE) -> tuple:
@@ -87,31 +102,40 @@ def scan(x, v, min_side:int=MIN_SIDE) -> tuple:
     return _scan(x, v, min_side)
 
 def null_draws(x, v, draws:int=DRAWS, seed:int=0) -> np.ndarray:
-    "`stats.null_max` with the history's `MIN_SIDE`: draws × steps, each step's largest |z| in series drawn with no change"
+    ("`stats.null_max` with the history's `MIN_SIDE`: draws × steps, each step's largest |z| in series drawn with no "
+     "change")
     return null_max(x, v, draws, seed, MIN_SIDE)
 
 # %% ../nbs/37_history.ipynb #9af30dc5
 @dataclass
 class Change:
-    "A change point of a history: the first run at the new level, the test's p-value, each step's change there, and the step that moved"
+    ("A change point of a history: the first run at the new level, the test's p-value, each step's change there, and "
+     "the step that moved")
     at:int # Index of the first run after the change
     p:float # The test's p-value: its most significant step's, adjusted for every step tested
-    table:pd.DataFrame # Per step: its own time's `Change %` with `CI Low %`, `CI High %` and `p-value`, seconds a batch `Before` and how many it `Moved` (with `Moved Low`, `Moved High`); the test's `Against Rest %` (a part's), adjusted `Detection p` and `Detected`; `Significant`: detected, and moved that way in its own time
+    # Per step: its own time's `Change %` with `CI Low %`, `CI High %` and `p-value`, seconds a batch `Before` and how
+    # many it `Moved` (with `Moved Low`, `Moved High`); the test's `Against Rest %` (a part's), adjusted `Detection p`
+    # and `Detected`; `Significant`: detected, and moved that way in its own time
+    table:pd.DataFrame
     step:str # The step that moved: the part whose own change accounts for the iteration's ('iteration' where none does)
 
 def own_changes(s:Series, lo:int, at:int, hi:int, alpha:float=ALPHA, confidence:float=0.95) -> pd.DataFrame:
-    "Per step of `s`, its own time's change from runs `lo`..`at` - 1 to runs `at`..`hi` - 1: the runs' weighted levels (each run's own spread and the spread between runs), Student's t on the runs"
+    ("Per step of `s`, its own time's change from runs `lo`..`at` - 1 to runs `at`..`hi` - 1: the runs' weighted "
+     "levels (each run's own spread and the spread between runs), Student's t on the runs")
     x, v = s.own()
     (mb, sb, _, _), (ma, sa, _, _) = level(x[:, lo:at], v[:, lo:at]), level(x[:, at:hi], v[:, at:hi])
     d, e = ma - mb, np.sqrt(sb**2 + sa**2)
     ppf, sf = student(max(hi - lo - 2, 1))
     q = float(ppf(0.5 + confidence/2))
     before = np.exp(mb)
-    return pd.DataFrame({CHANGE: 100*np.expm1(d), CI_LOW: 100*np.expm1(d - q*e), CI_HIGH: 100*np.expm1(d + q*e), P_VALUE: 2*sf(np.abs(d)/e),
-                         'Before': before, 'Moved': before*np.expm1(d), 'Moved Low': before*np.expm1(d - q*e), 'Moved High': before*np.expm1(d + q*e)},
+    return pd.DataFrame({CHANGE: 100*np.expm1(d), CI_LOW: 100*np.expm1(d - q*e), CI_HIGH: 100*np.expm1(d + q*e),
+                         P_VALUE: 2*sf(np.abs(d)/e),
+                         'Before': before, 'Moved': before*np.expm1(d), 'Moved Low': before*np.expm1(d - q*e),
+                         'Moved High': before*np.expm1(d + q*e)},
                         index=pd.Index(s.steps, name='Step'))
 
-def _moved(table:pd.DataFrame, trigger:str, alpha:float=ALPHA, min_shift:float=MIN_SHIFT, min_share:float=MIN_SHARE) -> str:
+def _moved(table:pd.DataFrame, trigger:str, alpha:float=ALPHA, min_shift:float=MIN_SHIFT,
+           min_share:float=MIN_SHARE) -> str:
     """The part of the batch that moved (the draw's parts where timed, else the draw; the draw where only it did): a
     part whose own time changed significantly (under `alpha`) the iteration's way and outgrew the rest of the iteration
     by `min_shift`% of itself and `min_share`% of the iteration, the one that moved the most a batch; else, of the
@@ -137,11 +161,16 @@ def _moved(table:pd.DataFrame, trigger:str, alpha:float=ALPHA, min_shift:float=M
         return str((t['Against Rest %'].abs()*t.Before).idxmax())
     return trigger
 
-def change_points(s:Series, alpha:float=ALPHA, draws:int=DRAWS, confidence:float=0.95, min_shift:float=MIN_SHIFT, min_share:float=MIN_SHARE) -> list:
-    "The `Change`s of `s`, by binary segmentation (`stats.segment`): in each stretch of runs, the split of the most significant step (`stats.scan` on the iteration and each part against the rest, calibrated by `stats.null_max`, adjusted by `stats.adjusted_p`; under `alpha`, moved `min_shift`% or more and by `min_share`% of the iteration), then each side"
+def change_points(s:Series, alpha:float=ALPHA, draws:int=DRAWS, confidence:float=0.95, min_shift:float=MIN_SHIFT,
+                  min_share:float=MIN_SHARE) -> list:
+    ("The `Change`s of `s`, by binary segmentation (`stats.segment`): in each stretch of runs, the split of the most "
+     "significant step (`stats.scan` on the iteration and each part against the rest, calibrated by `stats.null_max`, "
+     "adjusted by `stats.adjusted_p`; under `alpha`, moved `min_shift`% or more and by `min_share`% of the iteration), "
+     "then each side")
     x, v = s.tested()
     share = 100*np.exp(np.log(s.mean).mean(0) - np.log(s.mean[:, 0]).mean())  # each step's share of the iteration, %
-    enough = lambda d: (100*np.abs(np.expm1(d)) >= min_shift) & (np.abs(np.expm1(d))*share >= min_share)  # a shift that moves the step, and the batch's time, enough
+    # a shift that moves the step, and the batch's time, enough
+    enough = lambda d: (100*np.abs(np.expm1(d)) >= min_shift) & (np.abs(np.expm1(d))*share >= min_share)
     def find(lo, hi):
         if hi - lo < MIN_RUNS: return None
         xs, vs = x[:, lo:hi], v[:, lo:hi]
@@ -150,7 +179,8 @@ def change_points(s:Series, alpha:float=ALPHA, draws:int=DRAWS, confidence:float
         ps = adjusted_p(own, null_draws(xs, vs, draws))
         big = enough(np.take_along_axis(shift, np.abs(z).argmax(-1)[:, None], -1)[:, 0])  # each step's largest shift
         if not (big & (ps < alpha)).any(): return None
-        first = min(np.flatnonzero(big & (ps < alpha)), key=lambda j: (ps[j], -own[j]))  # the most significant step that moved enough
+        # the most significant step that moved enough
+        first = min(np.flatnonzero(big & (ps < alpha)), key=lambda j: (ps[j], -own[j]))
         k = int(np.abs(z[first]).argmax())
         at = lo + int(splits[k])
         table = own_changes(s, lo, at, hi, alpha, confidence)
@@ -158,67 +188,84 @@ def change_points(s:Series, alpha:float=ALPHA, draws:int=DRAWS, confidence:float
         part = np.arange(len(s.steps)) > 0
         table['Against Rest %'] = np.where(part, 100*np.expm1(rest), np.nan)
         table['Detection p'] = ps
-        # a step moved where the test says so at this split, and its own time moved that way, by enough of itself (a part
-        # against a rest that moved, in its own time still, did not) and of the batch
+        # a step moved where the test says so at this split, and its own time moved that way, by enough of itself (a
+        # part against a rest that moved, in its own time still, did not) and of the batch
         table['Detected'] = (ps < alpha) & np.where(part, enough(rest), enough(np.log1p(own/100)))
         table['Significant'] = (table.Detected & (np.where(part, np.sign(moved) == np.sign(rest), True))
-                                & ((np.abs(own) >= min_shift) | (table[P_VALUE].to_numpy() < alpha)) & (100*np.abs(moved)/table.Before.iloc[0] >= min_share))
+                                & ((np.abs(own) >= min_shift) | (table[P_VALUE].to_numpy() < alpha))
+                                & (100*np.abs(moved)/table.Before.iloc[0] >= min_share))
         return at, Change(at, float(ps[first]), table, _moved(table, s.steps[first], alpha, min_shift, min_share))
     return segment(0, len(s.runs), find)
 
 # %% ../nbs/37_history.ipynb #e6873f0b
 @dataclass
 class Verdict:
-    "The gate on a history's latest run: `kind` one of `VERDICTS`, on `step`, against the reference runs `reference` (first, last; 0-based), with the change and its test"
+    ("The gate on a history's latest run: `kind` one of `VERDICTS`, on `step`, against the reference runs `reference` "
+     "(first, last; 0-based), with the change and its test")
     kind:str # 'regression', 'no regression' or 'not enough runs'
     step:str # The step judged, `train/<step>`
     threshold:float # Percent the step must be slower by, and significantly, to be a regression
-    reference:tuple|None # `(first, last)` run indices of the level the latest run is judged against; None where there is none
-    change:dict # `CHANGE`, `CI_LOW`, `CI_HIGH`, `P_VALUE` (two-sided), `p slower` (one-sided) of the latest run against the reference
+    # `(first, last)` run indices of the level the latest run is judged against; None where there is none
+    reference:tuple|None
+    # `CHANGE`, `CI_LOW`, `CI_HIGH`, `P_VALUE` (two-sided), `p slower` (one-sided) of the latest run against the
+    # reference
+    change:dict
     accepted:list # The accepted runs (indices) the reference starts from
     why:str='' # In words: how the reference was found
     @property
     def failed(self) -> bool: return self.kind == 'regression'
 
 def _latest_vs(s:Series, j:int, ref:list, i:int, confidence:float, tested:bool=False) -> dict:
-    "Run `i`'s step `j` against the runs `ref`, in its own time (`tested`: as the change points test it, a part against the rest of the iteration): their weighted level with the spread between runs (3 runs or more), else the runs pooled by their own errors alone, as `compare` reads two runs"
+    ("Run `i`'s step `j` against the runs `ref`, in its own time (`tested`: as the change points test it, a part "
+     "against the rest of the iteration): their weighted level with the spread between runs (3 runs or more), else the "
+     "runs pooled by their own errors alone, as `compare` reads two runs")
     x, v = s.tested() if tested else s.own()
     xr, vr = x[j, ref], v[j, ref]
-    if len(ref) >= 3:  # a prediction from the reference's runs: the latest run's own variance, the between-run variance and the mean's, Student's t
+    # a prediction from the reference's runs: the latest run's own variance, the between-run variance and the mean's,
+    # Student's t
+    if len(ref) >= 3:
         mu, se_mu, tau2, phi = level(xr, vr)
         d, e = x[j, i] - mu, math.sqrt(max(phi, 1.)*(v[j, i] + tau2) + se_mu**2)
         ppf, sf = student(len(ref) - 1)
         q = float(ppf(0.5 + confidence/2))
-        return {CHANGE: 100*math.expm1(d), CI_LOW: 100*math.expm1(d - q*e), CI_HIGH: 100*math.expm1(d + q*e), P_VALUE: float(2*sf(abs(d)/e)),
+        return {CHANGE: 100*math.expm1(d), CI_LOW: 100*math.expm1(d - q*e), CI_HIGH: 100*math.expm1(d + q*e),
+                P_VALUE: float(2*sf(abs(d)/e)),
                 'p slower': float(sf(d/e))}
     w = 1/vr
     mu, df = float((w*xr).sum()/w.sum()), (lambda r: float(s.df[r, j]) if s.df is not None else math.inf)
     pooled = Estimate(math.exp(mu), math.exp(mu)*math.sqrt(1/w.sum()), 0, sum(df(r) for r in ref))
-    return compare(pooled, Estimate(math.exp(x[j, i]), math.exp(x[j, i])*math.sqrt(v[j, i]), 0, df(i)), confidence)  # the log scale's means and errors, as `compare` reads them
+    # the log scale's means and errors, as `compare` reads them
+    return compare(pooled, Estimate(math.exp(x[j, i]), math.exp(x[j, i])*math.sqrt(v[j, i]), 0, df(i)), confidence)
 
 def _slower(s:Series, j:int, ref:list, i:int, confidence:float, alpha:float, pct:float) -> tuple:
-    "`(slower, change)`: whether run `i`'s step `j` is a real slowdown of more than `pct`% against the runs `ref` (tested as the change points test it; told, and held to `pct`, in its own time), and its own change with the test's p-values"
+    ("`(slower, change)`: whether run `i`'s step `j` is a real slowdown of more than `pct`% against the runs `ref` "
+     "(tested as the change points test it; told, and held to `pct`, in its own time), and its own change with the "
+     "test's p-values")
     own, test = _latest_vs(s, j, ref, i, confidence), _latest_vs(s, j, ref, i, confidence, tested=True)
     change = {**own, P_VALUE: test[P_VALUE], 'p slower': test['p slower']}
     return test['p slower'] < alpha and own[CHANGE] > pct, change
 
 def gate(h, pct:float=0., step:str='train/iteration', accepted=(), confidence:float|None=None) -> Verdict:
-    """The latest run of history `h` against its reference level: the runs from the last accepted run (`accepted`: indices,
-    the first run of an intended change) on, up to the earliest slowdown of `step` since (a change point where it got
-    significantly slower, or the last runs, fewer than a change point needs, each slower on its own); an improvement
-    moves the reference to the improved level. A regression: significantly slower than the reference, by more than `pct`%"""
+    """The latest run of history `h` against its reference level: the runs from the last accepted run (`accepted`:
+    indices, the first run of an intended change) on, up to the earliest slowdown of `step` since (a change point where
+    it got significantly slower, or the last runs, fewer than a change point needs, each slower on its own); an
+    improvement moves the reference to the improved level. A regression: significantly slower than the reference, by
+    more than `pct`%"""
     phase, _, name = step.partition('/')
     if phase != str(Phase.TRAIN) or name not in h.series.steps:
-        raise ValueError(f"`step` {step!r} is not in the history; it has {', '.join(f'train/{s}' for s in h.series.steps)}")
+        raise ValueError(f"`step` {step!r} is not in the history; it has "
+                         f"{', '.join(f'train/{s}' for s in h.series.steps)}")
     s, j, conf = h.series, h.series.steps.index(name), confidence or h.confidence
     n, latest = len(s.runs), len(s.runs) - 1
     acc = sorted(i for i in accepted if 0 <= i <= latest)
     start = acc[-1] if acc else 0
     if start == latest and acc:
-        return Verdict('no regression', step, pct, None, {}, acc, f'the latest run (run {n}) is accepted: it starts the level later runs are judged against')
+        return Verdict('no regression', step, pct, None, {}, acc,
+                       f'the latest run (run {n}) is accepted: it starts the level later runs are judged against')
     bounds = [c for c in h.changes if start < c.at < latest]
     ref, why, slowed = list(range(start, bounds[0].at if bounds else latest)), [], None
-    for k, c in enumerate(bounds):  # the levels after the reference's, in order: an improvement is the new reference, a slowdown ends the walk
+    # the levels after the reference's, in order: an improvement is the new reference, a slowdown ends the walk
+    for k, c in enumerate(bounds):
         seg = list(range(c.at, bounds[k + 1].at if k + 1 < len(bounds) else latest))
         r = c.table.loc[name]
         if r.Significant and r.Moved < 0:
@@ -229,20 +276,25 @@ def gate(h, pct:float=0., step:str='train/iteration', accepted=(), confidence:fl
             why.append(f'slower from run {c.at + 1}, a change point: judged against the level before it')
             break
         else: ref = ref + seg
-    else:  # no slowdown among the change points: one the last runs hold, too few for a change point, each slower on its own
+    # no slowdown among the change points: one the last runs hold, too few for a change point, each slower on its own
+    else:
         for tail in range(min(TAIL, len(ref) - 1), 0, -1):
             base = ref[:-tail]
             if all(_slower(s, j, base, i, conf, h.alpha, pct)[0] for i in ref[-tail:] + [latest]):
                 ref = base
                 why.append(f'slower from run {base[-1] + 2} on, each run on its own: judged against the runs before')
                 break
-    if not ref: return Verdict('not enough runs', step, pct, None, {}, acc, 'no run before the latest to judge it against')
+    if not ref: return Verdict('not enough runs', step, pct, None, {}, acc,
+                               'no run before the latest to judge it against')
     slower, ch = _slower(s, j, ref, latest, conf, h.alpha, pct)
-    if slowed is not None and slowed[1] > pct and not slower:  # a slowdown the change points found: it holds until the latest run is back
+    # a slowdown the change points found: it holds until the latest run is back
+    if slowed is not None and slowed[1] > pct and not slower:
         back = _latest_vs(s, j, slowed[0], latest, conf, tested=True)
         slower = not (1 - back['p slower'] < h.alpha)  # significantly faster than the slowed level
-        if slower: why.append(f"the latest run is not significantly faster than runs {slowed[0][0] + 1} to {slowed[0][-1] + 1}, slowed by {slowed[1]:+.1f}%")
-        else: why.append(f"the latest run is back: significantly faster than runs {slowed[0][0] + 1} to {slowed[0][-1] + 1}")
+        if slower: why.append(f"the latest run is not significantly faster than runs {slowed[0][0] + 1} to "
+                              f"{slowed[0][-1] + 1}, slowed by {slowed[1]:+.1f}%")
+        else: why.append(f"the latest run is back: significantly faster than runs {slowed[0][0] + 1} to "
+                         f"{slowed[0][-1] + 1}")
     kind = 'regression' if slower else 'no regression'
     if acc: why.insert(0, f'from the accepted run {start + 1}')
     return Verdict(kind, step, pct, (ref[0], ref[-1]), ch, acc, '; '.join(why))
@@ -253,7 +305,8 @@ class History:
     "A project's runs in order, the change points of their train steps, and the check of the latest run"
     series:Series # The runs, their steps, and each step's mean and standard error per run
     changes:list # The `Change`s, in run order
-    latest:Verdict|None # The latest run's iteration against its reference level (`gate` at 0%); None where no run precedes it
+    # The latest run's iteration against its reference level (`gate` at 0%); None where no run precedes it
+    latest:Verdict|None
     alpha:float # The level of every test
     confidence:float # Of every interval
     min_shift:float # Percent a step must move to be a change
@@ -263,19 +316,26 @@ class History:
     @property
     def runs(self) -> list: return self.series.runs
 
-def history(runs, # The runs, oldest first: files saved by `learn.profile(save_json=...)` or folders of them, `SavedProfile`s, Learners after a profiled fit
+# The runs, oldest first: files saved by `learn.profile(save_json=...)` or folders of them, `SavedProfile`s, Learners
+# after a profiled fit
+def history(runs,
             alpha:float=ALPHA, # A change is real when its p-value, adjusted for every step tested, is below this
-            draws:int=DRAWS, # Series drawn under no change that each test is calibrated against (more where `alpha` needs them)
+            # Series drawn under no change that each test is calibrated against (more where `alpha` needs them)
+            draws:int=DRAWS,
             min_shift:float=MIN_SHIFT, # ... and it moves a step by at least this many percent
             min_share:float=MIN_SHARE, # ... and the batch's time by at least this many percent of the iteration
             confidence:float=0.95, # Of the intervals on each change
            ) -> History:
-    "Change points of every train step across `runs` (a folder: its runs oldest first), each with the step that moved and by how much, and the latest run against its reference level"
-    runs = [r for i, x in enumerate(runs) for r in (load_profiles([x]) if isinstance(x, (str, os.PathLike)) else [as_profile(x, f'run {i + 1}')])]
+    ("Change points of every train step across `runs` (a folder: its runs oldest first), each with the step that moved "
+     "and by how much, and the latest run against its reference level")
+    runs = [r for i, x in enumerate(runs)
+            for r in (load_profiles([x]) if isinstance(x, (str, os.PathLike)) else [as_profile(x, f'run {i + 1}')])]
     if not runs: raise ValueError('a history needs at least 1 run, got none')
     s = series_of(runs)
-    if not s.steps: raise ValueError('no train step was timed batch by batch in every run (files of format 1, or runs without a train phase): nothing to follow')
-    draws = max(draws, math.ceil(4*len(s.steps)/alpha))  # min-P's smallest p-value is steps/(draws + 1): a quarter of `alpha` at most
+    if not s.steps: raise ValueError('no train step was timed batch by batch in every run (files of format 1, or '
+                                     'runs without a train phase): nothing to follow')
+    # min-P's smallest p-value is steps/(draws + 1): a quarter of `alpha` at most
+    draws = max(draws, math.ceil(4*len(s.steps)/alpha))
     changes = change_points(s, alpha, draws, confidence, min_shift, min_share)
     notes = [f'{len(runs)} runs: a change point needs at least {MIN_RUNS}'] if len(runs) < MIN_RUNS else []
     h = History(s, changes, None, alpha, confidence, min_shift, notes + setting_changes(runs), draws, min_share)
@@ -283,32 +343,39 @@ def history(runs, # The runs, oldest first: files saved by `learn.profile(save_j
     return h
 
 def setting_changes(runs:list) -> list:
-    "Where a setting that makes runs incomparable changes along `runs` (batch size, device, timing mode, warmup, fastai, torch), in words"
+    ("Where a setting that makes runs incomparable changes along `runs` (batch size, device, timing mode, warmup, "
+     "fastai, torch), in words")
     out = []
     for key, label in COMPARED_SETTINGS:
         vals = [r.metadata.get(key) for r in runs]
-        at = [i for i in range(1, len(runs)) if vals[i] is not None and vals[i - 1] is not None and vals[i] != vals[i - 1]]
-        if at: out.append(f"the {label} changes before run{'s' if len(at) > 1 else ''} {', '.join(str(i + 1) for i in at)} "
+        at = [i for i in range(1, len(runs))
+              if vals[i] is not None and vals[i - 1] is not None and vals[i] != vals[i - 1]]
+        if at: out.append(f"the {label} changes before run{'s' if len(at) > 1 else ''} "
+                          f"{', '.join(str(i + 1) for i in at)} "
                           f"({vals[at[0] - 1]} to {vals[at[0]]}): a change point there may be the setting's")
     return out
 
 def accepted_runs(h:History, names) -> tuple:
-    "`(indices, unknown)`: the runs of `h` that `names` name (a run's label, its file's name, or its file's name without `.json`), and the names no run has"
+    ("`(indices, unknown)`: the runs of `h` that `names` name (a run's label, its file's name, or its file's name "
+     "without `.json`), and the names no run has")
     idx, unknown = [], []
     for name in names:
-        hits = [i for i, r in enumerate(h.runs) if name in {run_name(r), Path(r.source.strip("'`")).name, Path(r.source.strip("'`")).stem}]
+        hits = [i for i, r in enumerate(h.runs)
+                if name in {run_name(r), Path(r.source.strip("'`")).name, Path(r.source.strip("'`")).stem}]
         idx += hits
         if not hits: unknown.append(name)
     return sorted(set(idx)), unknown
 
 # %% ../nbs/37_history.ipynb #325550cf
 def history_table(h:History) -> pd.DataFrame:
-    "One row a run: `#`, `Run` (its label or file), `When`, `Samples/s` (train samples over train time), `Change` (▶ on the first run after a change point) and each step's mean seconds a batch"
+    ("One row a run: `#`, `Run` (its label or file), `When`, `Samples/s` (train samples over train time), `Change` (▶ "
+     "on the first run after a change point) and each step's mean seconds a batch")
     res = [r.results.set_index([Cols.PHASE, Cols.STEP]) for r in h.runs]
     rate = [float(r[Cols.RATE].get((str(Phase.FIT), str(Step.TRAIN)), math.nan)) for r in res]
     starts = {c.at for c in h.changes}
     out = pd.DataFrame({'#': range(1, len(h.runs) + 1), 'Run': [run_name(r) for r in h.runs],
-                        'When': [str(r.metadata.get(META.timestamp) or '')[:16].replace('T', ' ') for r in h.runs], 'Samples/s': rate,
+                        'When': [str(r.metadata.get(META.timestamp) or '')[:16].replace('T', ' ') for r in h.runs],
+                        'Samples/s': rate,
                         'Change': ['▶' if i in starts else '' for i in range(len(h.runs))]})
     return pd.concat([out, pd.DataFrame(h.series.mean, columns=h.series.steps)], axis=1)
 
@@ -322,7 +389,8 @@ def _said(name:str, r) -> str:
     return f"{name} {_pct(r[CHANGE])} ({_pct(r[CI_LOW])} to {_pct(r[CI_HIGH])}){moved}"
 
 def change_text(h:History, c:Change) -> str:
-    "One change point in words: where, its p-value, the iteration's change, the step that moved and the other parts whose own time changed"
+    ("One change point in words: where, its p-value, the iteration's change, the step that moved and the other parts "
+     "whose own time changed")
     it, moved = c.table.loc[str(Step.ITERATION)], c.table.loc[c.step]
     parts = [s for s in c.table.index if s != str(Step.ITERATION)]
     others = [_said(s, c.table.loc[s]) for s in parts if s != c.step and c.table.loc[s, 'Significant']]
@@ -331,20 +399,24 @@ def change_text(h:History, c:Change) -> str:
     return head + named + (f"; also {', '.join(others)}" if others else '')
 
 def verdict_text(h:History, v:Verdict|None) -> str:
-    "The gate's verdict in one sentence: the kind, the step's change against the reference runs, and how the reference was found"
+    ("The gate's verdict in one sentence: the kind, the step's change against the reference runs, and how the "
+     "reference was found")
     if v is None: return 'Latest run: not checked (no run before it).'
     n = len(h.runs)
     if v.reference is None: return f"Latest run ({n}, {run_name(h.runs[-1])}): {v.kind} ({v.why})."
     a, b = v.reference
     ref = f'run {a + 1}' if a == b else f'runs {a + 1} to {b + 1}'
     c = v.change
-    said = f"{v.step.partition('/')[2]} {_pct(c[CHANGE])} ({_pct(c[CI_LOW])} to {_pct(c[CI_HIGH])}), p {c['p slower']:.2g} (one-sided)"
+    said = (f"{v.step.partition('/')[2]} {_pct(c[CHANGE])} ({_pct(c[CI_LOW])} to {_pct(c[CI_HIGH])}), p "
+            f"{c['p slower']:.2g} (one-sided)")
     limit = f' by more than {v.threshold:g}%' if v.threshold else ''
-    return f"Latest run ({n}, {run_name(h.runs[-1])}) against {ref}: {said}: {v.kind}{'' if v.kind != 'regression' else limit}" + (f' ({v.why})' if v.why else '') + '.'
+    return (f"Latest run ({n}, {run_name(h.runs[-1])}) against {ref}: {said}: "
+            f"{v.kind}{'' if v.kind != 'regression' else limit}") + (f' ({v.why})' if v.why else '') + '.'
 
 def latest_text(h:History, step:str=str(Step.ITERATION)) -> str:
     "The latest run's verdict on `step` against its reference level, at 0%"
-    return verdict_text(h, h.latest if step == str(Step.ITERATION) or h.latest is None else gate(h, 0., f'train/{step}'))
+    latest = h.latest if step == str(Step.ITERATION) or h.latest is None else gate(h, 0., f'train/{step}')
+    return verdict_text(h, latest)
 
 def history_text(h:History, width:int|None=None) -> str:
     "The runs as a table, the change points and the latest run's verdict, in `width` columns"
@@ -353,36 +425,46 @@ def history_text(h:History, width:int|None=None) -> str:
     show = pd.DataFrame({'': t.Change, '#': t['#'].astype(str), 'run': t.Run, 'when': t.When,
                          'samples/s': t['Samples/s'].map(lambda v: '' if v != v else f'{v:,.0f}'),
                          **{s: t[s].map(format_duration) for s in h.series.steps}})
-    lines = [fill_text(f'History of {len(h.runs)} runs: each train step\'s mean time a steady batch (▶ the first run after a change point)', width),
+    lines = [fill_text(f'History of {len(h.runs)} runs: each train step\'s mean time a steady batch (▶ the first run '
+                       'after a change point)', width),
              text_table(show, list(show.columns), {})]
-    head = (f'Change points (each run weighed by its own per-batch spread and the spread between runs; every step and split tested at once '
-            f'against {h.draws:,} series drawn without a change; level {h.alpha:g}, a step moved {h.min_shift:g}% or more and the batch {h.min_share:g}% of the iteration; '
+    head = ('Change points (each run weighed by its own per-batch spread and the spread between runs; every step '
+            'and split tested at once '
+            f'against {h.draws:,} series drawn without a change; level {h.alpha:g}, a step moved {h.min_shift:g}% or '
+            f'more and the batch {h.min_share:g}% of the iteration; '
             f'each step\'s own change, {h.confidence:.0%} intervals):')
-    lines += [fill_text(head, width)] + ([fill_text('  ' + change_text(h, c), width, subsequent_indent='    ') for c in h.changes] or ['  none'])
-    lines += [fill_text(latest_text(h), width, subsequent_indent='    ')] + [fill_text(f'note: {n}', width) for n in h.notes]
+    changes = [fill_text('  ' + change_text(h, c), width, subsequent_indent='    ') for c in h.changes]
+    lines += [fill_text(head, width)] + (changes or ['  none'])
+    lines += [fill_text(latest_text(h), width, subsequent_indent='    ')]
+    lines += [fill_text(f'note: {n}', width) for n in h.notes]
     return '\n'.join(lines)
 
 def regressed(h:History, pct:float, step:str='train/iteration', accepted=()) -> bool:
-    "True if the latest run's `step` (`train/<step>`) is a real slowdown of more than `pct` percent against its reference level (`gate`): the CI gate"
+    ("True if the latest run's `step` (`train/<step>`) is a real slowdown of more than `pct` percent against its "
+     "reference level (`gate`): the CI gate")
     return gate(h, pct, step, accepted).failed
 
 # %% ../nbs/37_history.ipynb #b2e41dac
 def history_figure(h:History):
-    "Each train step's mean milliseconds a batch, run by run, with its 95% interval; a dashed line before each change point"
+    ("Each train step's mean milliseconds a batch, run by run, with its 95% interval; a dashed line before each change "
+     "point")
     from fastxtend_prof.page import plotly_modules
     go, _, _ = plotly_modules()
     fig, x, names = go.Figure(), np.arange(1, len(h.runs) + 1), [run_name(r) for r in h.runs]
     for j, s in enumerate(h.series.steps):
         m, e = h.series.mean[:, j]*1e3, 1.96*h.series.se[:, j]*1e3
-        fig.add_scatter(x=x, y=m, error_y=dict(type='data', array=e, visible=True), mode='lines+markers', name=s, customdata=names,
-                        hovertemplate=f'run %{{x}} (%{{customdata}})<br>{s}: %{{y:.3f}} ms<extra></extra>', visible=True if j < 3 else 'legendonly')
+        fig.add_scatter(x=x, y=m, error_y=dict(type='data', array=e, visible=True), mode='lines+markers', name=s,
+                        customdata=names, visible=True if j < 3 else 'legendonly',
+                        hovertemplate=f'run %{{x}} (%{{customdata}})<br>{s}: %{{y:.3f}} ms<extra></extra>')
     for c in h.changes: fig.add_vline(x=c.at + 0.5, line_dash='dash', line_color='#a40')
-    fig.update_layout(height=420, margin=dict(l=60, r=20, t=30, b=40), xaxis_title='run (oldest first)', yaxis_title='ms a batch',
+    fig.update_layout(height=420, margin=dict(l=60, r=20, t=30, b=40), xaxis_title='run (oldest first)',
+                      yaxis_title='ms a batch',
                       hovermode='closest', legend=dict(orientation='h', y=1.15))
     return fig
 
 def history_page(h:History, title:str|None=None) -> str:
-    "One self-contained HTML page of `h`: the steps run by run, each run's rate, the change points, the latest run's verdict and the table"
+    ("One self-contained HTML page of `h`: the steps run by run, each run's rate, the change points, the latest run's "
+     "verdict and the table")
     from fastxtend_prof.page import plotly_modules, figure_html, section_html, pre_html, table_html, html_page
     go, _, _ = plotly_modules()
     title = title or f'fastxtend_prof: history of {len(h.runs)} runs'
@@ -390,9 +472,13 @@ def history_page(h:History, title:str|None=None) -> str:
     rate = go.Figure(go.Scatter(x=t['#'], y=t['Samples/s'], customdata=t.Run, mode='lines+markers', name='samples/s',
                                 hovertemplate='run %{x} (%{customdata})<br>%{y:,.0f} samples/s<extra></extra>'))
     for c in h.changes: rate.add_vline(x=c.at + 0.5, line_dash='dash', line_color='#a40')
-    rate.update_layout(height=260, margin=dict(l=60, r=20, t=30, b=40), xaxis_title='run', yaxis_title='samples/s (trained at)')
+    rate.update_layout(height=260, margin=dict(l=60, r=20, t=30, b=40), xaxis_title='run',
+                       yaxis_title='samples/s (trained at)')
     words = [change_text(h, c) for c in h.changes] or ['No change point.']
-    body = '\n'.join([section_html('steps', 'Each step, run by run', figure_html(history_figure(h), 'history-chart') + pre_html(words + [latest_text(h)] + h.notes)),
+    steps = figure_html(history_figure(h), 'history-chart') + pre_html(words + [latest_text(h)] + h.notes)
+    body = '\n'.join([section_html('steps', 'Each step, run by run', steps),
                       section_html('rate', 'The rate each run trained at', figure_html(rate, 'rate-chart')),
-                      section_html('runs', 'The runs', table_html(t.rename(columns={s: f'{s} (Mean Duration)' for s in h.series.steps}), 'history-table'))])
+                      section_html('runs', 'The runs',
+                                   table_html(t.rename(columns={s: f'{s} (Mean Duration)' for s in h.series.steps}),
+                                              'history-table'))])
     return html_page(title, body)
