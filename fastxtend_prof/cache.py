@@ -13,10 +13,15 @@ from pathlib import Path
 import numpy as np, torch
 
 # %% ../nbs/39_cache.ipynb #84f5b185
-DRAW_FREE = {}  # `'module.Class'` -> `f(tfm, item) -> bool`: a transform that draws (`before_call`) whose output for `item` is the same whatever it draws
-BUDGET = 2**30  # bytes: the most a loader's cache holds in memory by default (1 GiB); the items past it are made as before, or kept on disk
+# `'module.Class'` -> `f(tfm, item) -> bool`: a transform that draws (`before_call`) whose output for `item` is the same
+# whatever it draws
+DRAW_FREE = {}
+# bytes: the most a loader's cache holds in memory by default (1 GiB); the items past it are made as before, or kept on
+# disk
+BUDGET = 2**30
 DISK_BUDGET = 16*2**30  # bytes: the most a loader's cache keeps on disk, past the memory budget, where asked (`disk`)
-CACHE_DIR_ENV = 'FASTXTEND_PROF_CACHE_DIR'  # the folder under which a disk cache makes its own (default: the system's temporary folder)
+# the folder under which a disk cache makes its own (default: the system's temporary folder)
+CACHE_DIR_ENV = 'FASTXTEND_PROF_CACHE_DIR'
 
 def tfm_key(f) -> str: return f'{type(f).__module__}.{type(f).__qualname__}'
 
@@ -27,11 +32,13 @@ def draw_free(kind:str):
 
 @draw_free('fastai.vision.augment.Resize')
 def _resize_draw_free(f, item) -> bool:
-    "fastai's `Resize` draws where to crop or pad (`pcts`); squished, or with every image of the item already of the target's aspect (the crop is the whole image), the draw changes nothing"
+    ("fastai's `Resize` draws where to crop or pad (`pcts`); squished, or with every image of the item already of the "
+     "target's aspect (the crop is the whole image), the draw changes nothing")
     if f.method == 'squish': return True
     lt = f.method != 'pad'  # `Resize.encodes`: crop takes the smaller ratio, pad the larger
     for x in (item if isinstance(item, tuple) else (item,)):
-        if torch.is_tensor(x) or not hasattr(x, 'size') or not isinstance(x.size, tuple): continue  # not a PIL image: Resize leaves labels alone
+        # not a PIL image: Resize leaves labels alone
+        if torch.is_tensor(x) or not hasattr(x, 'size') or not isinstance(x.size, tuple): continue
         w, h = x.size
         a, b = w/f.size[0], h/f.size[1]
         m = a if (a < b if lt else a > b) else b
@@ -44,11 +51,13 @@ def draws(f) -> bool:
 
 # %% ../nbs/39_cache.ipynb #d0c11a5d
 def cache_prefix(dl) -> tuple:
-    "`(k, why)`: the items of fastai DataLoader `dl` come out of its dataset and the first `k` of its `after_item` transforms the same at every epoch (`k` None: nothing can be cached, and `why`)"
+    ("`(k, why)`: the items of fastai DataLoader `dl` come out of its dataset and the first `k` of its `after_item` "
+     "transforms the same at every epoch (`k` None: nothing can be cached, and `why`)")
     ds, after = getattr(dl, 'dataset', None), getattr(dl, 'after_item', None)
     if not getattr(dl, 'indexed', False): return None, 'its dataset is iterable: items are not fetched by index'
     tls = getattr(ds, 'tls', None)
-    if tls is None: return None, f'its dataset ({type(ds).__name__}) is not a fastai `Datasets`: what an item does each time it is fetched is not known'
+    if tls is None: return None, (f'its dataset ({type(ds).__name__}) is not a fastai `Datasets`: what an item does '
+                                  'each time it is fetched is not known')
     drawing = [tfm_key(f) for tl in tls for f in getattr(getattr(tl, 'tfms', None), 'fs', [None]) if f is None or draws(f)]
     if drawing: return None, f"its dataset's own transforms draw random numbers ({', '.join(map(str, drawing))})"
     fs = getattr(after, 'fs', None)
@@ -63,7 +72,9 @@ def cache_prefix(dl) -> tuple:
 def _np_same(a, b) -> bool: return a[0] == b[0] and np.array_equal(a[1], b[1]) and tuple(a[2:]) == tuple(b[2:])
 
 class RandomStates:
-    "Python's, numpy's and torch's random states, and CUDA's where CUDA is initialised (never initialising it), taken when made; equal when every state is. The cache, `speed_find` and the FLOP count take and put back their draws with it"
+    ("Python's, numpy's and torch's random states, and CUDA's where CUDA is initialised (never initialising it), taken "
+     "when made; equal when every state is. The cache, `speed_find` and the FLOP count take and put back their draws "
+     "with it")
     def __init__(self):
         self.py, self.np, self.cpu = random.getstate(), np.random.get_state(), torch.get_rng_state()
         self.cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
@@ -86,32 +97,40 @@ def nbytes(x) -> int:
     if isinstance(x, (tuple, list)): return sum(map(nbytes, x))
     if torch.is_tensor(x): return x.nelement()*x.element_size()
     if isinstance(x, np.ndarray): return x.nbytes
-    if hasattr(x, 'tobytes') and hasattr(x, 'size') and hasattr(x, 'getbands'): return x.size[0]*x.size[1]*len(x.getbands())  # a PIL image
+    # a PIL image
+    if hasattr(x, 'tobytes') and hasattr(x,
+                                         'size') and hasattr(x, 'getbands'): return x.size[0]*x.size[1]*len(x.getbands())
     return sys.getsizeof(x)
 
 def same_item(a, b) -> bool:
-    "Whether two items are equal to the bit: tensors (their type and dtype too), arrays, images' pixels, tuples element by element"
+    ("Whether two items are equal to the bit: tensors (their type and dtype too), arrays, images' pixels, tuples "
+     "element by element")
     if isinstance(a, (tuple, list)): return type(a) == type(b) and len(a) == len(b) and all(map(same_item, a, b))
     if torch.is_tensor(a): return type(a) == type(b) and torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     if isinstance(a, np.ndarray): return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    if hasattr(a, 'tobytes') and hasattr(a, 'getbands'): return type(a) == type(b) and a.mode == b.mode and a.size == b.size and a.tobytes() == b.tobytes()
+    if hasattr(a, 'tobytes') and hasattr(a,
+                                         'getbands'): return type(a) == type(b) and a.mode == b.mode and a.size == b.size and a.tobytes() == b.tobytes()
     try: return bool(a == b)
     except Exception: return False
 
 IMMUTABLE = (int, float, complex, str, bytes, bool, type(None), frozenset)
 
 def copy_item(x):
-    "A copy of item `x` that shares no memory with it, of its type: tensors cloned (with their type and fastai's metadata), arrays and images copied, tuples and lists element by element, numbers and strings as they are, anything else deep-copied"
+    ("A copy of item `x` that shares no memory with it, of its type: tensors cloned (with their type and fastai's "
+     "metadata), arrays and images copied, tuples and lists element by element, numbers and strings as they are, "
+     "anything else deep-copied")
     if isinstance(x, IMMUTABLE): return x
     if isinstance(x, (tuple, list)):
         ys = [copy_item(o) for o in x]
         return type(x)(*ys) if hasattr(x, '_fields') else type(x)(ys)  # a namedtuple takes its fields one by one
     if torch.is_tensor(x):
         y = x.clone()
-        if getattr(x, '__dict__', None): y.__dict__ = copy.copy(x.__dict__)  # fastai's metadata (`img_size`), which its `clone` drops
+        # fastai's metadata (`img_size`), which its `clone` drops
+        if getattr(x, '__dict__', None): y.__dict__ = copy.copy(x.__dict__)
         return y
     if isinstance(x, np.ndarray): return x.copy()
-    if hasattr(x, 'getbands') and hasattr(x, 'copy'):  # a PIL image: its `copy` makes a plain `Image`, cast back as fastai does
+    # a PIL image: its `copy` makes a plain `Image`, cast back as fastai does
+    if hasattr(x, 'getbands') and hasattr(x, 'copy'):
         y = x.copy()
         if type(y) is not type(x): y.__class__ = type(x)
         return y
@@ -121,23 +140,31 @@ def copy_item(x):
 def _as_is(x): return x
 
 def collated_anew(dl) -> bool:
-    "Whether fastai DataLoader `dl` hands its items, as `after_item` leaves them, straight to fastai's own collation, which stacks them into new memory: batched, no `before_batch` transform, `create_batch` and `do_batch` its class's"
+    ("Whether fastai DataLoader `dl` hands its items, as `after_item` leaves them, straight to fastai's own collation, "
+     "which stacks them into new memory: batched, no `before_batch` transform, `create_batch` and `do_batch` its "
+     "class's")
     from fastai.data.load import DataLoader
     fs = getattr(getattr(dl, 'before_batch', None), 'fs', None)
     own = lambda m: m not in dl.__dict__ and getattr(type(dl), m, None) is getattr(DataLoader, m)
-    return not getattr(dl, 'prebatched', True) and fs is not None and len(fs) == 0 and own('create_batch') and own('do_batch')
+    return not getattr(dl, 'prebatched',
+                       True) and fs is not None and len(fs) == 0 and own('create_batch') and own('do_batch')
 
 def _remove(folder, pid:int|None=None, getpid=os.getpid, rmtree=shutil.rmtree):
-    "Remove `folder`, from the process `pid` only (a forked worker that exits leaves its parent's folder alone); what it calls bound now, for Python's exit"
+    ("Remove `folder`, from the process `pid` only (a forked worker that exits leaves its parent's folder alone); what "
+     "it calls bound now, for Python's exit")
     if pid is None or pid == getpid(): rmtree(folder, ignore_errors=True)
 
 class DiskItems:
-    "Items kept on disk: pickled one after another in one file (`items.bin`) of `folder`, read back through a memory map by every process (the loader's workers too), written only by the process that made it. Its own temporary folder (`folder` None) goes with it (`clear`, or when it is collected or Python exits); a folder given is the user's: the file stays for the next cache of the same items"
+    ("Items kept on disk: pickled one after another in one file (`items.bin`) of `folder`, read back through a memory "
+     "map by every process (the loader's workers too), written only by the process that made it. Its own temporary "
+     "folder (`folder` None) goes with it (`clear`, or when it is collected or Python exits); a folder given is the "
+     "user's: the file stays for the next cache of the same items")
     def __init__(self, folder=None, budget:int=DISK_BUDGET, key:str=''):
         self.own = folder is None
         if self.own:
             self.folder = Path(tempfile.mkdtemp(prefix='fastxtend_prof-cache-', dir=os.environ.get(CACHE_DIR_ENV) or None))
-            self._gone = weakref.finalize(self, _remove, str(self.folder), os.getpid())  # nothing of it left behind on exit
+            # nothing of it left behind on exit
+            self._gone = weakref.finalize(self, _remove, str(self.folder), os.getpid())
         else:
             self.folder = Path(folder)
             self.folder.mkdir(parents=True, exist_ok=True)
@@ -147,27 +174,35 @@ class DiskItems:
         if old is not None: self.index, self.bytes, self.reused = old['index'], old['bytes'], True
         else: self.path.write_bytes(b'')
     def _read_index(self):
-        "The index a cache of the same `key` left in the folder, where its file holds what it says, every item's checksum included"
+        ("The index a cache of the same `key` left in the folder, where its file holds what it says, every item's "
+         "checksum included")
         try:
-            old = json.loads((self.folder/'index.json').read_text())  # JSON: reading a damaged or foreign index runs nothing
-            ok = isinstance(old, dict) and self.key and old.get('key') == self.key and self.path.stat().st_size == old.get('bytes')
+            # JSON: reading a damaged or foreign index runs nothing
+            old = json.loads((self.folder/'index.json').read_text())
+            ok = isinstance(old,
+                            dict) and self.key and old.get('key') == self.key and self.path.stat().st_size == old.get('bytes')
             if ok:
                 old['index'] = {int(s): tuple(at) for s, at in old['index'].items()}
                 if old['index']:
-                    with open(self.path, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:  # an item at a time, however large the file
+                    # an item at a time, however large the file
+                    with open(self.path, 'rb') as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
                         ok = all(zlib.crc32(m[at:at + n]) == crc for at, n, crc in old['index'].values())
-        except (OSError, ValueError, TypeError, AttributeError, KeyError): return None  # not JSON, not UTF-8, a field of another shape
+        # not JSON, not UTF-8, a field of another shape
+        except (OSError, ValueError, TypeError, AttributeError, KeyError): return None
         return old if ok else None
     def save_index(self):
-        "Write the index beside the file (a folder given only), so that a later cache of the same items reads them instead of making them"
+        ("Write the index beside the file (a folder given only), so that a later cache of the same items reads them "
+         "instead of making them")
         if not self.own: (self.folder/'index.json').write_text(json.dumps(dict(key=self.key, index=self.index, bytes=self.bytes)))
     def put(self, s, x) -> bool:
         "Keep item `x` as `s`, where the budget allows and this is the process that made the cache; whether it was kept"
-        if os.getpid() != self.writer: return False  # a worker: its items would be lost with it, and two would write at once
+        # a worker: its items would be lost with it, and two would write at once
+        if os.getpid() != self.writer: return False
         b = pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL)
         if self.bytes + len(b) > self.budget: return False
         with open(self.path, 'ab') as f: f.write(b)
-        self.index[s], self.bytes, self._mm = (self.bytes, len(b), zlib.crc32(b)), self.bytes + len(b), None  # the file grew: mapped again at the next read
+        # the file grew: mapped again at the next read
+        self.index[s], self.bytes, self._mm = (self.bytes, len(b), zlib.crc32(b)), self.bytes + len(b), None
         return True
     def get(self, s):
         "Item `s` as it was kept, a new object at each call; None where not kept"
@@ -178,7 +213,8 @@ class DiskItems:
         return pickle.loads(self._mm[1][at[0]:at[0] + at[1]])
     def __contains__(self, s): return s in self.index
     def __len__(self): return len(self.index)
-    def __getstate__(self): return {**self.__dict__, '_mm': None, '_gone': None}  # a loader sent to spawned workers is pickled
+    # a loader sent to spawned workers is pickled
+    def __getstate__(self): return {**self.__dict__, '_mm': None, '_gone': None}
     def full(self) -> bool: return self.bytes >= self.budget
     def reset(self):
         "Start the file anew, the index a folder given held removed (what an earlier cache left there was not the same)"
@@ -191,7 +227,8 @@ class DiskItems:
         if self.own and self._gone is not None: self._gone()  # removed now, once
 
 def _items_key(dl, k:int) -> str:
-    "What a disk cache's items are made of: the dataset's length and items, its transforms, the first `k` item transforms"
+    ("What a disk cache's items are made of: the dataset's length and items, its transforms, the first `k` item "
+     "transforms")
     ds = dl.dataset
     items = getattr(ds, 'items', None)
     head = [] if items is None else [repr(items[i]) for i in range(min(len(items), 3))]
@@ -199,27 +236,34 @@ def _items_key(dl, k:int) -> str:
     return repr((len(ds), head, tls, [repr(f) for f in list(dl.after_item.fs)[:k]]))
 
 class ItemCache:
-    "The items of a fastai DataLoader after its dataset and its first `k` item transforms, kept by index, in memory up to `budget` bytes and on disk past it (`disk`: a `DiskItems`); a kept item replays the draws those transforms would make, so the random streams run as without it, and is handed out as a copy where anything runs on it before fastai's collation stacks it into new memory (`copies`; one read from disk is new already)"
+    ("The items of a fastai DataLoader after its dataset and its first `k` item transforms, kept by index, in memory "
+     "up to `budget` bytes and on disk past it (`disk`: a `DiskItems`); a kept item replays the draws those transforms "
+     "would make, so the random streams run as without it, and is handed out as a copy where anything runs on it "
+     "before fastai's collation stacks it into new memory (`copies`; one read from disk is new already)")
     def __init__(self, dl, k:int, budget:int=BUDGET, disk=None):
         self.dl, self.k, self.budget, self.store, self.bytes, self.skipped, self.disk = dl, k, budget, {}, 0, 0, disk
         fs = list(dl.after_item.fs)
         self.prefix, self.rest = fs[:k], fs[k:]
         self.replay = [f for f in self.prefix if draws(f)]
         self.copies = bool(self.rest) or not collated_anew(dl)  # whether what runs after the kept part could change it
-        self.hand = copy_item if self.copies else _as_is  # a function of the module: a loader sent to spawned workers is pickled
+        # a function of the module: a loader sent to spawned workers is pickled
+        self.hand = copy_item if self.copies else _as_is
     @property
     def split(self):
-        "The split the item transforms run for: the dataset's, which fastai gives the loader's pipelines at each pass (`TfmdDL.before_iter`) and so also before the first"
+        ("The split the item transforms run for: the dataset's, which fastai gives the loader's pipelines at each pass "
+         "(`TfmdDL.before_iter`) and so also before the first")
         return getattr(self.dl.dataset, 'split_idx', None)
     def _made(self, s, watch:bool=True) -> tuple:
-        "`(item, free)`: item `s` through the dataset and the cached transforms, as the loader makes it; `free`: with `watch`, whether their draws changed nothing"
+        ("`(item, free)`: item `s` through the dataset and the cached transforms, as the loader makes it; `free`: with "
+         "`watch`, whether their draws changed nothing")
         x, free = self.dl.create_item(s), watch
         for f in self.prefix:
             if free and draws(f): free = DRAW_FREE[tfm_key(f)](f, x)
             x = f(x, split_idx=self.split)
         return x, free
     def make(self, s):
-        "Item `s` through the dataset and the cached transforms, as the loader makes it; kept where its draws change nothing and the budget allows"
+        ("Item `s` through the dataset and the cached transforms, as the loader makes it; kept where its draws change "
+         "nothing and the budget allows")
         x, free = self._made(s)
         if free and s not in self:
             n = nbytes(x)
@@ -251,12 +295,14 @@ class ItemCache:
             return x
         except SkipItemException: return None
     def fill(self, idxs=None, check:int=2) -> str:
-        "Make and keep every item of `idxs` (default: all) now, in this process, the random states put back after; '' when done, else why the cache can't be trusted (emptied)"
+        ("Make and keep every item of `idxs` (default: all) now, in this process, the random states put back after; '' "
+         "when done, else why the cache can't be trusted (emptied)")
         idxs = range(len(self.dl.dataset)) if idxs is None else idxs
         saved = RandomStates()
         try:
             for i, s in enumerate(idxs):
-                if i >= check and self.disk is not None and s in self.disk: continue  # kept on disk by an earlier cache of the same items
+                # kept on disk by an earlier cache of the same items
+                if i >= check and self.disk is not None and s in self.disk: continue
                 before = RandomStates()
                 x = self.make(s)
                 after = RandomStates()
@@ -264,7 +310,8 @@ class ItemCache:
                 for f in self.replay: f.before_call(x, split_idx=self.split)
                 if after != RandomStates():  # the transforms drew more (or other) numbers than their `before_call` does
                     self.clear()
-                    return 'a transform of the cached part draws random numbers outside `before_call`: its items are not the same each epoch'
+                    return ('a transform of the cached part draws random numbers outside `before_call`: its items are '
+                            'not the same each epoch')
                 if i < check and s in self:
                     before.restore()
                     again, kept = self.make_uncached(s), self.kept(s)
@@ -275,8 +322,10 @@ class ItemCache:
                     except Exception as e: handed = e
                     if (self.copies or s not in self.store) and not same_item(handed, kept):
                         self.clear()
-                        return (f'item {s} cannot be copied ({type(kept).__name__}): a kept item is handed out as a copy, so what runs after it cannot change it'
-                                if s in self.store else f'item {s} does not come back from disk the same ({type(kept).__name__})')
+                        return (f'item {s} cannot be copied ({type(kept).__name__}): a kept item is handed out as a '
+                                'copy, so what runs after it cannot change it'
+                                if s in self.store else f'item {s} does not come back from disk the same '
+                                                        f'({type(kept).__name__})')
                 if self.full: break
         finally: saved.restore()
         if self.disk is not None: self.disk.save_index()
@@ -290,13 +339,18 @@ class ItemCache:
 
 # %% ../nbs/39_cache.ipynb #4979b0fe
 def cache_items(dl, budget:int=BUDGET, fill:bool=True,
-                disk=False, # Keep the items past `budget` on disk: True in a temporary folder of its own (removed with the cache), or in this folder (kept, and read again by the next cache of the same items)
+                # Keep the items past `budget` on disk: True in a temporary folder of its own (removed with the cache),
+                # or in this folder (kept, and read again by the next cache of the same items)
+                disk=False,
                 disk_budget:int=DISK_BUDGET, # Bytes the disk cache may hold
                ) -> tuple:
-    "`(undo, cache, why)`: cache the items of fastai DataLoader `dl` as far as they come out the same every epoch (`cache_prefix`), in memory and, with `disk`, on disk, filled now (`fill`: workers, which fastai starts anew each epoch, get the filled cache); `cache` None and `why` where it can't"
+    ("`(undo, cache, why)`: cache the items of fastai DataLoader `dl` as far as they come out the same every epoch "
+     "(`cache_prefix`), in memory and, with `disk`, on disk, filled now (`fill`: workers, which fastai starts anew "
+     "each epoch, get the filled cache); `cache` None and `why` where it can't")
     k, why = cache_prefix(dl)
     if k is None: return (lambda: None), None, why
-    store = DiskItems(None if disk is True else disk, disk_budget, _items_key(dl, k)) if disk is not False and disk is not None else None
+    store = DiskItems(None if disk is True else disk, disk_budget,
+                      _items_key(dl, k)) if disk is not False and disk is not None else None
     cache = ItemCache(dl, k, budget, store)
     if fill:
         reused = store is not None and store.reused
@@ -314,7 +368,9 @@ def cache_items(dl, budget:int=BUDGET, fill:bool=True,
     return undo, cache, ''
 
 def cache_loaders(learn, budget:int=BUDGET, loaders=None, disk=False, disk_budget:int=DISK_BUDGET) -> tuple:
-    "`(undo, caches, notes)`: `cache_items` on each of `loaders` (default: every fastai DataLoader of `learn.dls`), with `disk` a folder of its own for each (`loader0`, ...: under `disk` where it is a folder); `caches` by loader index, `notes` why a loader was not cached"
+    ("`(undo, caches, notes)`: `cache_items` on each of `loaders` (default: every fastai DataLoader of `learn.dls`), "
+     "with `disk` a folder of its own for each (`loader0`, ...: under `disk` where it is a folder); `caches` by loader "
+     "index, `notes` why a loader was not cached")
     dls = list(learn.dls.loaders) if loaders is None else list(loaders)
     undos, caches, notes = [], {}, []
     for i, dl in enumerate(dls):
@@ -338,7 +394,8 @@ def probe_cache(dl, items:int=16) -> dict:
     if k is None: return none
     cache, saved = ItemCache(dl, k, budget=math.inf), RandomStates()
     n = min(items, len(dl.dataset))
-    def took(f, xs) -> float:  # the median seconds of `f` on each of `xs`: the first calls (cold files, fastai's dispatch caches) do not count
+    # the median seconds of `f` on each of `xs`: the first calls (cold files, fastai's dispatch caches) do not count
+    def took(f, xs) -> float:
         ts = []
         for x in xs:
             t = time.perf_counter(); f(x); ts.append(time.perf_counter() - t)
@@ -347,9 +404,11 @@ def probe_cache(dl, items:int=16) -> dict:
         make = took(cache.make, range(n))
         replay = took(cache.get, list(cache.store))
         pickled = [pickle.dumps(x, protocol=pickle.HIGHEST_PROTOCOL) for x in cache.store.values()]
-        read = took(lambda b: pickle.loads(bytes(b)), pickled)  # what a read from the disk cache costs (the slice of its map a copy), the file in the page cache
+        # what a read from the disk cache costs (the slice of its map a copy), the file in the page cache
+        read = took(lambda b: pickle.loads(bytes(b)), pickled)
     finally: saved.restore()
     kept = len(cache.store)/n if n else 0.
     if not kept: return {**none, 'why': 'no item would be kept: the draws of its transforms change every item', 'cached': k}
     total = kept*len(dl.dataset)*float(np.mean([nbytes(x) for x in cache.store.values()]))
-    return dict(why='', saves=kept*max(make - replay, 0.), kept=kept, cached=k, bytes=total, disk_saves=kept*max(make - replay - read, 0.))
+    return dict(why='', saves=kept*max(make - replay, 0.), kept=kept, cached=k, bytes=total,
+                disk_saves=kept*max(make - replay - read, 0.))

@@ -17,11 +17,14 @@ from .report import format_duration
 from .stages import thread_times, cores
 
 # %% ../nbs/43_cores.ipynb #dda7ff5f
-CORE_WAIT_SHARE = 0.15  # the training thread waited for a core this share of the train loops' time or more: the advice says so
-READ = thread_times  # `(ran, queued)` seconds of this thread: Linux's schedstat (elsewhere its CPU time and 0); tests put a fake here
+# the training thread waited for a core this share of the train loops' time or more: the advice says so
+CORE_WAIT_SHARE = 0.15
+# `(ran, queued)` seconds of this thread: Linux's schedstat (elsewhere its CPU time and 0); tests put a fake here
+READ = thread_times
 
 def running_processes() -> int|None:
-    "Threads ready to run on the machine now, this one included (`procs_running` in /proc/stat); None where it cannot be read"
+    ("Threads ready to run on the machine now, this one included (`procs_running` in /proc/stat); None where it cannot "
+     "be read")
     try:
         with open('/proc/stat') as f:
             for line in f:
@@ -48,7 +51,8 @@ class CoreWait:
         return wait_share(vars(self))
 
 def wait_share(saved:dict|None) -> float:
-    "The share of the train loops' time the training thread waited for a core, from a `CoreWait`'s fields as a run saves them (NaN where not read)"
+    ("The share of the train loops' time the training thread waited for a core, from a `CoreWait`'s fields as a run "
+     "saves them (NaN where not read)")
     t, q = (saved or {}).get('train_s'), (saved or {}).get('queued_s')
     return q/t if isinstance(t, (int, float)) and isinstance(q, (int, float)) and t > 0 else math.nan
 
@@ -61,7 +65,8 @@ class CoreTap(Relay):
         if phase == Phase.TRAIN: self._at = (time.perf_counter(), *READ())
         return self.to.begin_phase(phase)
     def _close(self):
-        "The train loop open now ends: its wall time, and the training thread's time on a core and waiting for one, in it"
+        ("The train loop open now ends: its wall time, and the training thread's time on a core and waiting for one, "
+         "in it")
         if self._at is None: return
         (t0, r0, q0), (r1, q1) = self._at, READ()
         self.loops.append((time.perf_counter() - t0, r1 - r0, q1 - q0))
@@ -70,7 +75,8 @@ class CoreTap(Relay):
         out = self.to.end_phase(t)
         self._close()
         return out
-    def stop(self, step, t=None):  # a fit cancelled inside its train loop (`CancelFitException`: `speed_find`'s trials) ends it here
+    # a fit cancelled inside its train loop (`CancelFitException`: `speed_find`'s trials) ends it here
+    def stop(self, step, t=None):
         out = self.to.stop(step, t)
         self._close()
         return out
@@ -84,28 +90,37 @@ class CoreTap(Relay):
         dl = getattr(getattr(learn, 'dls', None), 'train', None)
         workers = getattr(getattr(dl, 'fake_l', dl), 'num_workers', 0) or 0
         batches = int(self.rec.tables[Phase.TRAIN].n) if Phase.TRAIN in getattr(self.rec, 'tables', {}) else 0
-        return CoreWait(wall, ran, queued, len(self.loops), batches, torch.get_num_threads(), workers, cores(), self.running)
+        return CoreWait(wall, ran, queued, len(self.loops), batches, torch.get_num_threads(), workers, cores(),
+                        self.running)
 
 # %% ../nbs/43_cores.ipynb #6b0e0bab
 def core_wait(result, ctx:dict) -> list:
-    "The training thread waited for a core `CORE_WAIT_SHARE` of the train loops' time or more: what asked for the cores, and what to change"
+    ("The training thread waited for a core `CORE_WAIT_SHARE` of the train loops' time or more: what asked for the "
+     "cores, and what to change")
     cw = getattr(result, 'cores', None)
     if cw is None or not cw.share >= CORE_WAIT_SHARE: return []
-    ev = dict(share=cw.share, queued_s=cw.queued_s, train_s=cw.train_s, queued_per_batch_s=cw.queued_s/cw.batches if cw.batches else math.nan,
+    ev = dict(share=cw.share, queued_s=cw.queued_s, train_s=cw.train_s,
+              queued_per_batch_s=cw.queued_s/cw.batches if cw.batches else math.nan,
               threads=cw.threads, workers=cw.workers, cores=cw.cores, running=cw.running)
     per = f', {format_duration(ev["queued_per_batch_s"])} a batch' if cw.batches else ''
     ready = f'; {cw.running} threads were ready to run on the machine as the last loop ended' if cw.running else ''
-    verdict = (f"the training thread waited for a core {cw.share:.0%} of the train loops' time ({format_duration(cw.queued_s)} of "
-               f"{format_duration(cw.train_s)}{per}): torch runs {cw.threads} thread{'s' if cw.threads != 1 else ''} and the loader "
-               f"{cw.workers} worker{'s' if cw.workers != 1 else ''} on {cw.cores} core{'s' if cw.cores != 1 else ''}{ready}. "
+    verdict = (f"the training thread waited for a core {cw.share:.0%} of the train loops' time "
+               f"({format_duration(cw.queued_s)} of "
+               f"{format_duration(cw.train_s)}{per}): torch runs {cw.threads} thread{'s' if cw.threads != 1 else ''} "
+               "and the loader "
+               f"{cw.workers} worker{'s' if cw.workers != 1 else ''} on {cw.cores} "
+               f"core{'s' if cw.cores != 1 else ''}{ready}. "
                "Every step's time includes that wait")
     if cw.threads > 1 and cw.threads + cw.workers > cw.cores:
         k = max(1, cw.cores - cw.workers)
-        tip = (f"use fewer torch threads: `torch.set_num_threads({k})` before training (or `OMP_NUM_THREADS={k}`): torch's "
-               f"{cw.threads} threads and the loader's {cw.workers} workers want more cores than the {cw.cores} there are, and "
+        tip = (f"use fewer torch threads: `torch.set_num_threads({k})` before training (or `OMP_NUM_THREADS={k}`): "
+               "torch's "
+               f"{cw.threads} threads and the loader's {cw.workers} workers want more cores than the {cw.cores} "
+               "there are, and "
                "torch's threads wait for each other at every operation")
     else:
-        tip = ("other processes hold the cores: profile where fewer run (the timings are stretched by them, not by the code), "
+        tip = ("other processes hold the cores: profile where fewer run (the timings are stretched by them, not by "
+               "the code), "
                "or leave room with fewer loader workers or torch threads")
     return [Advice('core_wait', 'warning', ev, tip, verdict)]
 
@@ -113,7 +128,8 @@ STRAGGLERS = 'stragglers here follow the wait for a core (see `core_wait`), not 
 
 @register_feature
 class Cores(Feature):
-    "The training thread's wait for a core in the train loops (Linux's schedstat), with what asks for the cores, and the `core_wait` advice"
+    ("The training thread's wait for a core in the train loops (Linux's schedstat), with what asks for the cores, and "
+     "the `core_wait` advice")
     name, default, order, rules = 'cores', True, 35, (core_wait,)
     def relay(self, to, learn):
         clock = getattr(getattr(to, 'rec', to), 'clock', time.perf_counter)
@@ -123,7 +139,8 @@ class Cores(Feature):
         return CoreTap(to)
     def finish(self, learn, tap): return None if tap is None else tap.result(learn)
     def metadata(self, cw):
-        return None if cw is None else dict(train_s=cw.train_s, ran_s=cw.ran_s, queued_s=cw.queued_s, loops=cw.loops, batches=cw.batches,
+        return None if cw is None else dict(train_s=cw.train_s, ran_s=cw.ran_s, queued_s=cw.queued_s, loops=cw.loops,
+                                            batches=cw.batches,
                                             threads=cw.threads, workers=cw.workers, cores=cw.cores, running=cw.running)
     def review(self, advice, cw, result):
         "A straggler of `unstable_steps` points at the wait for a core where `core_wait` speaks"

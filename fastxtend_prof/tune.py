@@ -29,7 +29,9 @@ from .recorder import Cols, Phase, Step, check_int, check_number, check_sync
 from .report import format_duration, text_table, text_width
 from .compare import compare_profiles, ALPHA, MIN_CHANGE, CONFIDENCE
 from .saved import META, profile_of
-from .defaults import ASKED  # ('mixed_precision', 'batch_size', 'resize_on_batch'): the fixes that change the numerics or the training, tried only when allowed; there for the command line's parser
+# ('mixed_precision', 'batch_size', 'resize_on_batch'): the fixes that change the numerics or the training, tried only
+# when allowed; there for the command line's parser
+from .defaults import ASKED
 from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback
 from .distributed import data_parallel
 from .rules import REMEDIES, torch_optimizer, loader_settings
@@ -48,11 +50,17 @@ from .cache import ItemCache, RandomStates, cache_loaders, probe_cache
 TARGET_SHARE = 0.1  # a step at least this share of the train iteration is worth a trial
 MIN_PREDICTED = 5.0  # percent: a fix predicted to save less is not tried (unless asked for with `allow`)
 KNEE = 1.05  # num_workers: the fewest workers whose predicted iteration is within 5% of the best prediction ...
-SLACK = 1.25  # ... for a loader that waits, with its time counted this many times over: batches come back in order, so workers that only just keep up leave the loop waiting for every late one
-OVERSUBSCRIBE = 4  # num_workers: at most this many workers a core, for a loader that waits (storage, sleeps) more than it computes
-SPARE = 1  # num_workers: workers beyond the cores for a loader that computes, when the cores bound it: batches come back in order, and a worker the scheduler sets aside holds up those behind it
+# ... for a loader that waits, with its time counted this many times over: batches come back in order, so workers that
+# only just keep up leave the loop waiting for every late one
+SLACK = 1.25
+# num_workers: at most this many workers a core, for a loader that waits (storage, sleeps) more than it computes
+OVERSUBSCRIBE = 4
+# num_workers: workers beyond the cores for a loader that computes, when the cores bound it: batches come back in order,
+# and a worker the scheduler sets aside holds up those behind it
+SPARE = 1
 PROBE_BATCHES, PROBE_TIME = 8, 2.  # the loader alone (`probe_loader`): at most this many batches, or seconds
-SAVES = {k: r.saves for k, r in REMEDIES.items() if r.saves}  # the share of its step each fix usually removes: `rules.REMEDIES`
+# the share of its step each fix usually removes: `rules.REMEDIES`
+SAVES = {k: r.saves for k, r in REMEDIES.items() if r.saves}
 def steady_times(results:pd.DataFrame) -> dict:
     "`{step: median seconds}` of each train step of `results` that ran (warmup left out), the iteration included"
     t = results[(results.Phase == Phase.TRAIN) & (results[Cols.CALLS] > 0)]
@@ -64,19 +72,27 @@ def predict_workers(wait:float, # Median seconds a batch waits for the loader no
                     k0:int, # Loader worker processes now
                     k:int, # Loader worker processes to predict for
                     n_cores:int, # CPU cores the main process and the workers share
-                    share:float=1., # Of the loading time, the share that needs a core (`probe_loader`); the rest it waits (storage, sleeps)
-                    load:float|None=None, # One process's loading time a batch where it was measured (`probe_loader`), for `k0` > 0
-                    slack:float=1., # Count the loading time this many times over (`SLACK`: the headroom the tuner's choice asks for)
-                    saves:float=0., # Seconds of one process's loading a batch that a fix takes off (the item cache, the resize moved)
+                    # Of the loading time, the share that needs a core (`probe_loader`); the rest it waits (storage,
+                    # sleeps)
+                    share:float=1.,
+                    # One process's loading time a batch where it was measured (`probe_loader`), for `k0` > 0
+                    load:float|None=None,
+                    # Count the loading time this many times over (`SLACK`: the headroom the tuner's choice asks for)
+                    slack:float=1.,
+                    # Seconds of one process's loading a batch that a fix takes off (the item cache, the resize moved)
+                    saves:float=0.,
                    ) -> float:
-    "Predicted median train iteration with `k` loader workers, from the `wait` and `iteration` measured with `k0`; a worker's batch costs `HANDOFF` more"
+    ("Predicted median train iteration with `k` loader workers, from the `wait` and `iteration` measured with `k0`; a "
+     "worker's batch costs `HANDOFF` more")
     compute = max(iteration - wait, 0.)  # the main process's own work per batch
     if k0 == 0: load = wait  # the loop loads each batch itself
-    elif load is None or load != load: load = k0*iteration - HANDOFF  # k0 workers that can't keep up each take k0 iterations a batch
+    # k0 workers that can't keep up each take k0 iterations a batch
+    elif load is None or load != load: load = k0*iteration - HANDOFF
     return keep_up(max(slack*load - saves, 0.), compute, k, n_cores, share)
 
 def loader_wait(times:dict) -> float:
-    "Of the train iteration of `times` (`steady_times`), the share the loop waited for its loader (the draw, where it was not split)"
+    ("Of the train iteration of `times` (`steady_times`), the share the loop waited for its loader (the draw, where it "
+     "was not split)")
     it = times.get(Step.ITERATION, 0.)
     return times.get(Step.WAIT, times.get(Step.DRAW, 0.))/it if it > 0 else 0.
 
@@ -93,11 +109,14 @@ class Fix:
     def name(self) -> str: return STRATEGIES[self.kind].label(self.value) if self.kind in STRATEGIES else f'{self.kind}={self.value}'
 
 # %% ../nbs/17_tune.ipynb #a1ea046b
-def _plain(v): return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)  # a value as JSON takes it (a device as its name)
+# a value as JSON takes it (a device as its name)
+def _plain(v): return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
 
 @dataclass
 class TuneContext:
-    "What the tuner knows of a Learner, read by every strategy's `predict`: what it may change (`tune_context`), what the probes of its loader found (`PROBED`, `speed_find`'s), the training thread's wait for a core, and each strategy's own `needs`"
+    ("What the tuner knows of a Learner, read by every strategy's `predict`: what it may change (`tune_context`), what "
+     "the probes of its loader found (`PROBED`, `speed_find`'s), the training thread's wait for a core, and each "
+     "strategy's own `needs`")
     device:str='cpu' # The model's device type: 'cpu', 'cuda', 'mps'
     model_device:object=None # The model's `torch.device`
     cores:int=1 # Cores this process may run on (`stages.cores`)
@@ -121,7 +140,8 @@ class TuneContext:
     cache_saves:float=0. # Probed: seconds an item the item cache saves (`probe_cache`)
     cache_kept:float=1. # Probed: the share of the items it can keep
     cache_why:str='' # Probed: why it can't be used ('' where it can)
-    cache_bytes:float=0. # Probed: the bytes of all the items it would keep (the memory budget holds `cache.BUDGET` of them)
+    # Probed: the bytes of all the items it would keep (the memory budget holds `cache.BUDGET` of them)
+    cache_bytes:float=0.
     cache_disk_saves:float=0. # Probed: seconds an item kept on disk saves (reading it back costs too)
     resize_saves:float=0. # Probed: seconds an item the item resize takes (`probe_resize`)
     resize_why:str='' # Probed: why it can't move to the batch
@@ -130,25 +150,31 @@ class TuneContext:
     needs:dict=field(default_factory=dict) # What each strategy with `needs` read from the Learner, by its kind
 
     def plain(self) -> dict:
-        "The fields as JSON takes them (a device as its name; a strategy's need as it is where JSON takes it, else its text)"
+        ("The fields as JSON takes them (a device as its name; a strategy's need as it is where JSON takes it, else "
+         "its text)")
         d = {f.name: _plain(getattr(self, f.name)) for f in fields(self) if f.name != 'needs'}
         return {**d, 'needs': {k: v if isinstance(v, (list, dict)) else _plain(v) for k, v in self.needs.items()}}
 
     @classmethod
     def read(cls, d:dict):
-        "The context of the fields of `d` (a saved `plain` or a plain dict), the others left at their defaults; a field this version does not know is left out"
+        ("The context of the fields of `d` (a saved `plain` or a plain dict), the others left at their defaults; a "
+         "field this version does not know is left out")
         if isinstance(d, cls): return d
-        if not isinstance(d, dict): raise TypeError(f'a tuning context is a `TuneContext` or a dict of its fields, got {type(d).__name__}')
+        if not isinstance(d,
+                          dict): raise TypeError('a tuning context is a `TuneContext` or a dict of its fields, got '
+                                                 f'{type(d).__name__}')
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
 def tune_context(learn) -> TuneContext:
-    "What the tuner may change on `learn`: device, cores, the train loader's settings, the optimizer, convolutions, callbacks, and what each strategy `needs`"
+    ("What the tuner may change on `learn`: device, cores, the train loader's settings, the optimizer, convolutions, "
+     "callbacks, and what each strategy `needs`")
     dl, model, device, inner = learn.dls.train, learn.model, train_device(learn), torch_optimizer(learn)
     torch_opt, loader = inner is not None, loader_settings(dl)
     flag = lambda k: torch_opt and any(bool(g.get(k)) for g in inner.param_groups)
     fastai_dl = loader['loader'] == 'fastai'
-    return TuneContext(device=device.type, model_device=device, cores=cores(), threads=torch.get_num_threads(), fastai_loader=fastai_dl,
+    return TuneContext(device=device.type, model_device=device, cores=cores(), threads=torch.get_num_threads(),
+                       fastai_loader=fastai_dl,
                 num_workers=loader['num_workers'] if fastai_dl else None, pin_memory=bool(loader['pin_memory']),
                 n_batches=len(dl), bs=getattr(dl, 'bs', None), dls_device=getattr(dl, 'device', None),
                 optimizer=type(inner).__name__ if torch_opt else None, foreach=flag('foreach'), fused=flag('fused'),
@@ -163,67 +189,91 @@ def tune_context(learn) -> TuneContext:
 def _gain(it, pred) -> float: return 100*(1 - pred/it) if it > 0 else 0.
 
 def _parts(times:dict) -> tuple:
-    "`(iteration, wait)`: the train iteration of `times` and the loop's wait for its loader (the draw where it was not split)"
+    ("`(iteration, wait)`: the train iteration of `times` and the loop's wait for its loader (the draw where it was "
+     "not split)")
     return times.get(Step.ITERATION, 0.), times.get(Step.WAIT, times.get(Step.DRAW, 0.))
 
 def _less_loading(times:dict, ctx:TuneContext, per:float) -> float:
-    "The train iteration predicted with `per` seconds of loading a batch less, with the workers there are (`predict_workers`)"
+    ("The train iteration predicted with `per` seconds of loading a batch less, with the workers there are "
+     "(`predict_workers`)")
     it, wait = _parts(times)
     k0, s = ctx.num_workers or 0, ctx.loader_share
     return predict_workers(wait, it, k0, k0, ctx.cores, s if s == s else 1., ctx.loader_batch, saves=per)
 
 def predict_cache(times:dict, ctx:TuneContext, allow=()) -> tuple:
-    "The item cache: the loader's work a batch that `probe_cache` says the cache removes (`cache_saves` an item), taken off one process's loading, with the workers there are"
+    ("The item cache: the loader's work a batch that `probe_cache` says the cache removes (`cache_saves` an item), "
+     "taken off one process's loading, with the workers there are")
     it, wait = _parts(times)
     if ctx.cached or loader_wait(times) < TARGET_SHARE: return [], []
     per = ctx.cache_saves*(ctx.bs or 1)  # seconds a batch
     if per <= 0: return [], [f"item cache: {ctx.cache_why}"] if ctx.cache_why else []
     budget = _cache.BUDGET
-    fits = min(1., budget/ctx.cache_bytes) if ctx.cache_bytes > 0 else 1.  # the share of the kept items the memory budget holds
-    head = (f"the loader's wait is {wait/it:.0%} of the iteration, and making its items up to their first random transform takes "
-            f"{format_duration(per)} a batch ({ctx.cache_kept:.0%} of the items can be kept): made once, kept in memory")
+    # the share of the kept items the memory budget holds
+    fits = min(1., budget/ctx.cache_bytes) if ctx.cache_bytes > 0 else 1.
+    head = (f"the loader's wait is {wait/it:.0%} of the iteration, and making its items up to their first random "
+            "transform takes "
+            f"{format_duration(per)} a batch ({ctx.cache_kept:.0%} of the items can be kept): made once, kept in "
+            "memory")
     mem = Fix('cache_items', budget, Step.WAIT, _less_loading(times, ctx, fits*per),
-              head + (f' (its budget, {budget/2**20:,.0f} MiB, holds {fits:.0%} of them; the others are made as before)' if fits < 1 else ''))
+              head + (f' (its budget, {budget/2**20:,.0f} MiB, holds {fits:.0%} of them; the others are made as '
+                      'before)' if fits < 1 else ''))
     if fits >= 1 or ctx.cache_disk_saves <= 0: return [mem], []
-    on_disk = min(1. - fits, _cache.DISK_BUDGET/ctx.cache_bytes)  # the share past the memory budget that the disk budget holds
-    disk = Fix('cache_items', 'disk', Step.WAIT, _less_loading(times, ctx, fits*per + on_disk*ctx.cache_disk_saves*(ctx.bs or 1)),
-               head + f' up to its budget ({fits:.0%} of them), and on disk past it (a read costs less than making the item)')
-    return [disk if _gain(mem.predicted, disk.predicted) >= MIN_PREDICTED else mem], []  # the disk only where it is worth its reads and its space
+    # the share past the memory budget that the disk budget holds
+    on_disk = min(1. - fits, _cache.DISK_BUDGET/ctx.cache_bytes)
+    disk = Fix('cache_items', 'disk', Step.WAIT,
+               _less_loading(times, ctx, fits*per + on_disk*ctx.cache_disk_saves*(ctx.bs or 1)),
+               head + f' up to its budget ({fits:.0%} of them), and on disk past it (a read costs less than making '
+                      'the item)')
+    # the disk only where it is worth its reads and its space
+    return [disk if _gain(mem.predicted, disk.predicted) >= MIN_PREDICTED else mem], []
 
 def predict_resize_on_batch(times:dict, ctx:TuneContext, allow=()) -> tuple:
-    "The item `Resize` done by the batch augmentation instead (`set_resize_on_batch`), when allowed (another interpolation): the loader's resizing a batch (`probe_resize`) taken off; the batch transforms' work on the larger images is not predicted"
+    ("The item `Resize` done by the batch augmentation instead (`set_resize_on_batch`), when allowed (another "
+     "interpolation): the loader's resizing a batch (`probe_resize`) taken off; the batch transforms' work on the "
+     "larger images is not predicted")
     it, wait = _parts(times)
     if 'resize_on_batch' not in allow or loader_wait(times) < TARGET_SHARE: return [], []
     if ctx.cached: return [], ['resize on the batch: the item cache keeps the resized items']
     per = ctx.resize_saves*(ctx.bs or 1)
     if per <= 0: return [], [f"resize on the batch: {ctx.resize_why}"] if ctx.resize_why else []
     return [Fix('resize_on_batch', True, Step.WAIT, _less_loading(times, ctx, per),
-                f"the loader's wait is {wait/it:.0%} of the iteration, and its item resize takes {format_duration(per)} a batch; the batch "
+                f"the loader's wait is {wait/it:.0%} of the iteration, and its item resize takes "
+                f"{format_duration(per)} a batch; the batch "
                 "augmentation can resize instead (the batch transforms then work on the larger images)")], []
 
 def predict_num_workers(times:dict, ctx:TuneContext, allow=()) -> tuple:
-    "Loader workers: every count from the ones there are up to what the cores (or, for a loader that waits, `OVERSUBSCRIBE` a core) can keep busy, the knee of `predict_workers`"
+    ("Loader workers: every count from the ones there are up to what the cores (or, for a loader that waits, "
+     "`OVERSUBSCRIBE` a core) can keep busy, the knee of `predict_workers`")
     it, wait = _parts(times)
     if loader_wait(times) < TARGET_SHARE: return [], []
     k0, n, s, load = ctx.num_workers, ctx.cores, ctx.loader_share, ctx.loader_batch
     waits = s == s and s < WAITING  # a loader that mostly waits: more workers than cores can help
     top = min(max(n, min(OVERSUBSCRIBE*n, math.floor(n/max(s, 1e-9)))) if waits else n, ctx.n_batches)
-    ks = list(range((k0 or 0) + 1, top + 1))  # every count: the knee picks the fewest within `KNEE` of the best prediction
+    # every count: the knee picks the fewest within `KNEE` of the best prediction
+    ks = list(range((k0 or 0) + 1, top + 1))
     alone = f'the loader alone computes {s:.0%} of its time' if s == s else ''
     if not ctx.fastai_loader: return [], ['num_workers: the train loader is not a fastai DataLoader']
     if not ks and waits:
-        return [], [f"num_workers: already {k0}, as many as the machine's {n} cores can keep busy with a loader that waits ({alone}; at most {OVERSUBSCRIBE} workers a core, or the loader's {ctx.n_batches} batches)"]
-    if not ks: return [], [f"num_workers: already {k0}, as many as the machine's {n} cores{' and a spare' if k0 > n else ''} (or the loader's {ctx.n_batches} batches) allow" + (f'; {alone}' if alone else '')]
-    if k0 and load == load and (load + HANDOFF)/k0 <= (1 - TARGET_SHARE)*it:  # the workers are ahead of the loop already
-        return [], [f'num_workers: the {k0} workers already make a batch every {format_duration((load + HANDOFF)/k0)} (the loader alone took '
-                    f'{format_duration(load)} a batch), ahead of the loop\'s {format_duration(it)}: the wait left ({wait/it:.0%}) is the hand-over, '
+        return [], [f"num_workers: already {k0}, as many as the machine's {n} cores can keep busy with a loader that "
+                    f"waits ({alone}; at most {OVERSUBSCRIBE} workers a core, or the loader's {ctx.n_batches} "
+                    "batches)"]
+    if not ks: return [], [f"num_workers: already {k0}, as many as the machine's {n} "
+                           f"cores{' and a spare' if k0 > n else ''} (or the loader's {ctx.n_batches} batches) allow" + (f'; {alone}' if alone else '')]
+    # the workers are ahead of the loop already
+    if k0 and load == load and (load + HANDOFF)/k0 <= (1 - TARGET_SHARE)*it:
+        return [], [f'num_workers: the {k0} workers already make a batch every '
+                    f'{format_duration((load + HANDOFF)/k0)} (the loader alone took '
+                    f'{format_duration(load)} a batch), ahead of the loop\'s {format_duration(it)}: the wait left '
+                    f'({wait/it:.0%}) is the hand-over, '
                     'which more workers do not shorten']
     pred = {k: predict_workers(wait, it, k0, k, n, s if waits else 1., load) for k in ks}
-    room = {k: predict_workers(wait, it, k0, k, n, s, load, SLACK) for k in ks} if waits else pred  # chosen with headroom, predicted without
+    # chosen with headroom, predicted without
+    room = {k: predict_workers(wait, it, k0, k, n, s, load, SLACK) for k in ks} if waits else pred
     k = next(k for k in ks if room[k] <= KNEE*min(room.values()))
     more = f' and waits the rest, so more workers than the {n} cores can help' if waits else ''
     if not waits and k == n and k + SPARE <= ctx.n_batches:  # the cores bound a loader that computes
-        k, more = k + SPARE, f'; the {n} cores bound it, and {SPARE} worker{"s" if SPARE > 1 else ""} more keep{"" if SPARE > 1 else "s"} a batch in hand (batches come back in order)'
+        k, more = k + SPARE, (f'; the {n} cores bound it, and {SPARE} worker{"s" if SPARE > 1 else ""} more '
+                              f'keep{"" if SPARE > 1 else "s"} a batch in hand (batches come back in order)')
     return [Fix('num_workers', k, Step.WAIT, predict_workers(wait, it, k0, k, n, s if waits else 1., load),
                 f"the loader's wait is {wait/it:.0%} of the iteration with num_workers={k0}" + (f'; {alone}' if alone else '') + more)], []
 
@@ -234,28 +284,34 @@ def predict_pin_memory(times:dict, ctx:TuneContext, allow=()) -> tuple:
     return [Fix('pin_memory', True, Step.TRANSFER, amdahl(it, transfer, SAVES['pin_memory']), f'the copy to the device is {transfer/it:.0%} of the iteration')], []
 
 def predict_transforms_on_device(times:dict, ctx:TuneContext, allow=()) -> tuple:
-    "The batch transforms on the accelerator, where they run on the host and are `TARGET_SHARE` of the iteration or more"
+    ("The batch transforms on the accelerator, where they run on the host and are `TARGET_SHARE` of the iteration or "
+     "more")
     it, tfms = times.get(Step.ITERATION, 0.), times.get(Step.TRANSFORMS, 0.)
     if tfms/it < TARGET_SHARE: return [], []
     if ctx.device == 'cpu' or ctx.dls_device is not None:
-        return [], ['batch transforms: they run where the model is (`dls.device`); fewer or cheaper transforms is a change for you to make']
+        return [], ['batch transforms: they run where the model is (`dls.device`); fewer or cheaper transforms is a '
+                    'change for you to make']
     return [Fix('transforms_on_device', ctx.model_device, Step.TRANSFORMS, amdahl(it, tfms, SAVES['transforms_on_device']),
                 f'the batch transforms run on the host and are {tfms/it:.0%} of the iteration')], []
 
 def _predict_optimizer(flag:str):
-    "`foreach` or `fused` on a torch optimizer through fastai's `OptimWrapper`, where its step is `TARGET_SHARE` of the iteration or more"
+    ("`foreach` or `fused` on a torch optimizer through fastai's `OptimWrapper`, where its step is `TARGET_SHARE` of "
+     "the iteration or more")
     def predict(times:dict, ctx:TuneContext, allow=()) -> tuple:
         it, opt = times.get(Step.ITERATION, 0.), times.get(Step.OPT_STEP, 0.)
         if opt/it < TARGET_SHARE: return [], []
         if ctx.optimizer is None:
-            return [], ["optimizer step: not a torch optimizer through fastai's OptimWrapper, so foreach/fused can't be switched on"] if flag == 'foreach' else []
+            return [], ["optimizer step: not a torch optimizer through fastai's OptimWrapper, so foreach/fused can't "
+                        "be switched on"] if flag == 'foreach' else []
         if ctx.fused or (flag == 'foreach' and ctx.foreach) or (flag == 'fused' and not ctx.fused_ok): return [], []
-        return [Fix(flag, True, Step.OPT_STEP, amdahl(it, opt, SAVES[flag]), f"the optimizer step ({ctx.optimizer}) is {opt/it:.0%} of the iteration")], []
+        why = f"the optimizer step ({ctx.optimizer}) is {opt/it:.0%} of the iteration"
+        return [Fix(flag, True, Step.OPT_STEP, amdahl(it, opt, SAVES[flag]), why)], []
     predict.__name__ = predict.__qualname__ = f'predict_{flag}'
     return predict
 
 def predict_channels_last(times:dict, ctx:TuneContext, allow=()) -> tuple:
-    "channels_last, on an accelerator, for a convolutional model whose forward and backward are `TARGET_SHARE` of the iteration or more"
+    ("channels_last, on an accelerator, for a convolutional model whose forward and backward are `TARGET_SHARE` of the "
+     "iteration or more")
     it = times.get(Step.ITERATION, 0.)
     fb = (times.get(Step.FORWARD, 0.) + times.get(Step.BACKWARD, 0.))/it
     if not ctx.conv or ctx.channels_last or fb < TARGET_SHARE: return [], []
@@ -278,14 +334,18 @@ def predict_batch_size(times:dict, ctx:TuneContext, allow=()) -> tuple:
                 'a larger batch shares the per-batch costs (the callbacks, the loop) over more samples')], []
 
 def predict_threads(times:dict, ctx:TuneContext, allow=()) -> tuple:
-    "Fewer torch threads, where the training thread waited for a core `CORE_WAIT_SHARE` of the train loops or more (`core_wait`, the `cores` feature's) and torch's threads and the loader's workers want more cores than there are: as many as the workers leave, the wait predicted gone"
+    ("Fewer torch threads, where the training thread waited for a core `CORE_WAIT_SHARE` of the train loops or more "
+     "(`core_wait`, the `cores` feature's) and torch's threads and the loader's workers want more cores than there "
+     "are: as many as the workers leave, the wait predicted gone")
     it, w, t, k0, n = times.get(Step.ITERATION, 0.), ctx.core_wait, ctx.threads, ctx.num_workers or 0, ctx.cores
     if not w >= CORE_WAIT_SHARE or t <= 1: return [], []
     k = max(1, n - k0)
-    if k >= t: return [], [f"torch threads: the training thread waited for a core {w:.0%} of the train loops, but torch's {t} threads and the "
+    if k >= t: return [], [f"torch threads: the training thread waited for a core {w:.0%} of the train loops, but "
+                           f"torch's {t} threads and the "
                            f"loader's {k0} workers fit the {n} cores: other processes hold them"]
     return [Fix('threads', k, Step.ITERATION, it*(1 - w),
-                f"the training thread waited for a core {w:.0%} of the train loops: torch's {t} threads and the loader's {k0} workers want "
+                f"the training thread waited for a core {w:.0%} of the train loops: torch's {t} threads and the "
+                f"loader's {k0} workers want "
                 f"more than the {n} cores")], []
 
 def plan(times:dict, # `steady_times` of the configuration to improve on
@@ -293,7 +353,8 @@ def plan(times:dict, # `steady_times` of the configuration to improve on
          allow=(), # Fixes of `ASKED` the user allows
          done=(), # Kinds already settled (tried, or searched to the end)
         ) -> tuple:
-    "`(fixes, notes)`: what each strategy of `STRATEGIES` not `done` predicts from the profile `times`, the most promising first (those that remove the loader's work before all: `Strategy.first`), and why others are not tried"
+    ("`(fixes, notes)`: what each strategy of `STRATEGIES` not `done` predicts from the profile `times`, the most "
+     "promising first (those that remove the loader's work before all: `Strategy.first`), and why others are not tried")
     it = times.get(Step.ITERATION, 0.)
     if it <= 0: return [], ['no train iteration was measured']
     fixes, notes, ctx = [], [], TuneContext.read(ctx)
@@ -302,7 +363,9 @@ def plan(times:dict, # `steady_times` of the configuration to improve on
         f, n = s.predict(times, ctx, allow)
         fixes += f; notes += n
     fixes = [f for f in fixes if f.kind in allow or _gain(it, f.predicted) >= MIN_PREDICTED]
-    return sorted(fixes, key=lambda f: (not STRATEGIES[f.kind].first, f.predicted)), notes  # the loader's work removed first (the cache, the resize moved): workers would only share it out, and a lighter loader needs fewer of them
+    # the loader's work removed first (the cache, the resize moved): workers would only share it out, and a lighter
+    # loader needs fewer of them
+    return sorted(fixes, key=lambda f: (not STRATEGIES[f.kind].first, f.predicted)), notes
 
 
 # %% ../nbs/17_tune.ipynb #ff1062b3
@@ -311,7 +374,8 @@ def bound_by(times:dict) -> str:
     it = times.get(Step.ITERATION, 0.)
     if it <= 0: return ''
     compute = sum(times.get(s, 0.) for s in (Step.FORWARD, Step.LOSS, Step.BACKWARD))
-    if compute/it >= 0.5: return f"compute-bound: the model's forward, loss and backward are {compute/it:.0%} of the iteration"
+    if compute/it >= 0.5: return (f"compute-bound: the model's forward, loss and backward are {compute/it:.0%} of the "
+                                  "iteration")
     parts = {s: times.get(s, 0.) for s in (Step.WAIT, Step.TRANSFER, Step.TRANSFORMS, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER)}
     if not any(parts.values()): parts[Step.DRAW] = times.get(Step.DRAW, 0.)
     s = max(parts, key=parts.get)
@@ -344,7 +408,8 @@ class LearnerState:
         self.needs_grad = [(p, p.requires_grad) for p in model.parameters()]
         self.opt_state = None if opt is None else copy.deepcopy(opt.state_dict())
         self.loaders = [(dl, dict(dl.__dict__), dict(dl.fake_l.__dict__) if hasattr(dl, 'fake_l') else None,
-                         dl.rng.getstate() if isinstance(getattr(dl, 'rng', None), random.Random) else None) for dl in learn.dls.loaders]
+                         dl.rng.getstate() if isinstance(getattr(dl, 'rng', None), random.Random) else None)
+                        for dl in learn.dls.loaders]
         self.rng = RandomStates()
         self.next_fit = events.next_fit_hooks(learn)
 
@@ -385,15 +450,18 @@ def _assign(objs:list, **values):
     return undo
 
 def set_num_workers(learn, k:int):
-    "Loader worker processes `k` on every fastai DataLoader of `learn` (fastai keeps torch's settings on its fake loader); returns the undo"
+    ("Loader worker processes `k` on every fastai DataLoader of `learn` (fastai keeps torch's settings on its fake "
+     "loader); returns the undo")
     return _assign([dl.fake_l for dl in _loaders(learn)], num_workers=k)
 
 def set_pin_memory(learn, on:bool=True):
-    "`pin_memory=on` on every fastai DataLoader of `learn`, which reads it, and on its fake loader, which passes it to torch; returns the undo"
+    ("`pin_memory=on` on every fastai DataLoader of `learn`, which reads it, and on its fake loader, which passes it "
+     "to torch; returns the undo")
     return _assign([o for dl in _loaders(learn) for o in (dl, dl.fake_l)], pin_memory=on)
 
 def set_transforms_device(learn, device):
-    "Run the batch transforms on `device`: every loader's `device` (fastai applies `after_batch` there); returns the undo"
+    ("Run the batch transforms on `device`: every loader's `device` (fastai applies `after_batch` there); returns the "
+     "undo")
     old = [(dl, dl.device) for dl in learn.dls.loaders]
     for dl, _ in old: dl.to(device)
     def undo():
@@ -403,7 +471,8 @@ def set_transforms_device(learn, device):
     return undo
 
 def set_optimizer_flag(learn, flag:str, on:bool=True):
-    "`foreach` or `fused` on the torch optimizer inside `learn.opt` (fastai's OptimWrapper), its state kept; returns the undo"
+    ("`foreach` or `fused` on the torch optimizer inside `learn.opt` (fastai's OptimWrapper), its state kept; returns "
+     "the undo")
     inner = learn.opt.opt
     groups, defaults = [dict(g) for g in inner.param_groups], dict(inner.defaults)
     steps = {p: s['step'] for p, s in inner.state.items() if torch.is_tensor(s.get('step'))}
@@ -416,7 +485,8 @@ def set_optimizer_flag(learn, flag:str, on:bool=True):
         for g, old in zip(inner.param_groups, groups): g.update({k: v for k, v in old.items() if k != 'params'})
         inner.defaults.clear(); inner.defaults.update(defaults)
         for p, st in steps.items():
-            if p in inner.state: inner.state[p]['step'] = st.copy_(inner.state[p]['step'])  # the old tensor, with the count now
+            # the old tensor, with the count now
+            if p in inner.state: inner.state[p]['step'] = st.copy_(inner.state[p]['step'])
     return undo
 
 def set_channels_last(learn, on:bool=True):
@@ -443,28 +513,38 @@ def set_batch_size(learn, bs:int):
     return _assign([learn.dls.train], bs=bs)
 
 def set_item_cache(learn, budget:int|str|None=None, every:bool=False):
-    "The train loader's items cached as far as they are the same every epoch (`cache.cache_items`, filled now), every fastai loader's with `every`: in memory up to `budget` bytes (default `cache.BUDGET`), or with `'disk'` up to `cache.BUDGET` and on disk past it (a temporary folder, removed by the undo); returns the undo"
+    ("The train loader's items cached as far as they are the same every epoch (`cache.cache_items`, filled now), every "
+     "fastai loader's with `every`: in memory up to `budget` bytes (default `cache.BUDGET`), or with `'disk'` up to "
+     "`cache.BUDGET` and on disk past it (a temporary folder, removed by the undo); returns the undo")
     disk = budget == 'disk'
-    undo, caches, notes = cache_loaders(learn, _cache.BUDGET if disk or budget is None else budget, None if every else [learn.dls.train], disk=disk)
+    undo, caches, notes = cache_loaders(learn, _cache.BUDGET if disk or budget is None else budget,
+                                        None if every else [learn.dls.train], disk=disk)
     if not caches: raise ValueError(f"nothing of the loader's items can be cached: {'; '.join(notes)}")
     return undo
 
-def _fastai_class(f, name:str) -> bool: return any(c.__name__ == name and c.__module__ == 'fastai.vision.augment' for c in type(f).__mro__)
+def _fastai_class(f,
+                  name:str) -> bool: return any(c.__name__ == name and c.__module__ == 'fastai.vision.augment' for c in type(f).__mro__)
 
 def batch_resize(dl) -> tuple:
-    "`(resize, affine, why)`: the item `Resize` of fastai DataLoader `dl`, and the batch transform that can resize on the batch instead (fastai's `AffineCoordTfm`, as `aug_transforms` makes it, setting no size); `why` where it can't"
+    ("`(resize, affine, why)`: the item `Resize` of fastai DataLoader `dl`, and the batch transform that can resize on "
+     "the batch instead (fastai's `AffineCoordTfm`, as `aug_transforms` makes it, setting no size); `why` where it "
+     "can't")
     items, batch = (getattr(getattr(dl, n, None), 'fs', None) for n in ('after_item', 'after_batch'))
     if items is None or batch is None: return None, None, 'the loader has no pipelines of transforms'
     rs = [f for f in items if _fastai_class(f, 'Resize')]
     if len(rs) != 1: return None, None, 'no item `Resize`' if not rs else 'more than one item `Resize`'
     if any(getattr(f, 'size', None) is not None for f in batch): return None, None, 'a batch transform sets a size already'
-    aff = [f for f in batch if _fastai_class(f, 'AffineCoordTfm')]  # it runs at every call (its `before_call` sets `do`), its own `p` only its draws'
+    # it runs at every call (its `before_call` sets `do`), its own `p` only its draws'
+    aff = [f for f in batch if _fastai_class(f, 'AffineCoordTfm')]
     if not aff: return None, None, 'no batch transform resamples the images (`aug_transforms` makes one)'
     return rs[0], aff[0], ''
 
 def set_resize_on_batch(learn, on:bool=True, every:bool=False):
-    "The train loader's item `Resize` left out, and its size given to the batch transform that resamples the images (`batch_resize`): every fastai loader's with `every`. Another interpolation (and items of one size, to be collated): the numbers change. Returns the undo"
-    undos, found = [], [(dl, *batch_resize(dl)) for dl in (_loaders(learn) if every else [learn.dls.train])]  # all read first: the loaders may share a batch transform
+    ("The train loader's item `Resize` left out, and its size given to the batch transform that resamples the images "
+     "(`batch_resize`): every fastai loader's with `every`. Another interpolation (and items of one size, to be "
+     "collated): the numbers change. Returns the undo")
+    # all read first: the loaders may share a batch transform
+    undos, found = [], [(dl, *batch_resize(dl)) for dl in (_loaders(learn) if every else [learn.dls.train])]
     def undo():
         for u in reversed(undos): u()
     for dl, r, aff, why in found:
@@ -472,12 +552,15 @@ def set_resize_on_batch(learn, on:bool=True, every:bool=False):
     for dl, r, aff, _ in found:
         pipe, size = copy.copy(dl.after_item), aff.size
         pipe.fs = L([f for f in dl.after_item.fs if f is not r])
-        undos.append(lambda dl=dl, p=dl.after_item, a=aff, s=size: (setattr(dl, 'after_item', p), setattr(a, 'size', s)))
-        dl.after_item, aff.size = pipe, (r.size[1], r.size[0])  # `Resize` keeps (width, height); the batch, (height, width)
+        undos.append(lambda dl=dl, p=dl.after_item, a=aff,
+                     s=size: (setattr(dl, 'after_item', p), setattr(a, 'size', s)))
+        # `Resize` keeps (width, height); the batch, (height, width)
+        dl.after_item, aff.size = pipe, (r.size[1], r.size[0])
     return undo
 
 def probe_resize(dl, items:int=8) -> tuple:
-    "`(seconds, why)`: the item `Resize` of fastai DataLoader `dl` on its first `items` items, a mean per item (the random states put back), where it could move to the batch (`batch_resize`); else 0 and why"
+    ("`(seconds, why)`: the item `Resize` of fastai DataLoader `dl` on its first `items` items, a mean per item (the "
+     "random states put back), where it could move to the batch (`batch_resize`); else 0 and why")
     r, _, why = batch_resize(dl)
     if r is None: return 0., why
     fs, split, took, states = list(dl.after_item.fs), getattr(dl.dataset, 'split_idx', None), [], RandomStates()
@@ -491,23 +574,34 @@ def probe_resize(dl, items:int=8) -> tuple:
     finally: states.restore()
     return (float(np.mean(took)), '') if took else (0., 'the loader has no items')
 
-CHANGE_KINDS = ('speed only', 'last bits', 'numerics', 'training')  # what a fix may change besides the speed: the last two are tried only when allowed
-REPROBES = ('', 'loader', 'items')  # what `speed_find` probes again after a fix is kept: nothing, the loader alone, or the loader and its items
+# what a fix may change besides the speed: the last two are tried only when allowed
+CHANGE_KINDS = ('speed only', 'last bits', 'numerics', 'training')
+# what `speed_find` probes again after a fix is kept: nothing, the loader alone, or the loader and its items
+REPROBES = ('', 'loader', 'items')
 
 @dataclass
 class Strategy:
-    "One fix the tuner knows, as an entry of `STRATEGIES`: what it reads, how it predicts, how it is set and undone, what it changes, how it is described, saved, loaded and kept"
-    predict:callable # `predict(times, ctx, allow) -> (fixes, notes)`: the `Fix`es it would try on `steady_times` `times` of a Learner of `TuneContext` `ctx`, and why not
+    ("One fix the tuner knows, as an entry of `STRATEGIES`: what it reads, how it predicts, how it is set and undone, "
+     "what it changes, how it is described, saved, loaded and kept")
+    # `predict(times, ctx, allow) -> (fixes, notes)`: the `Fix`es it would try on `steady_times` `times` of a Learner of
+    # `TuneContext` `ctx`, and why not
+    predict:callable
     apply:callable # `apply(learn, value) -> undo`: set it in place; `undo()` puts back what it changed
-    changes:str # One of `CHANGE_KINDS`: 'speed only', 'last bits' (another kernel's rounding), 'numerics' or 'training' (`allow`)
+    # One of `CHANGE_KINDS`: 'speed only', 'last bits' (another kernel's rounding), 'numerics' or 'training' (`allow`)
+    changes:str
     label:callable # `label(value)`: a `Fix` of it in words
-    keep:object='' # The code that keeps it (`{v}` its value, `{opt}` the optimizer's class), or `keep(value, ctx)` that says it; the package's own default to `rules.REMEDIES`'
+    # The code that keeps it (`{v}` its value, `{opt}` the optimizer's class), or `keep(value, ctx)` that says it; the
+    # package's own default to `rules.REMEDIES`'
+    keep:object=''
     every:bool=False # `apply` takes `every`: trials set it on the train loader, `SpeedResult.apply` on every loader
     first:bool=False # Tried before the others: it removes the loader's work, which workers would only share out
-    needs:callable=None # `needs(learn) -> value`: what else of the Learner `predict` reads, in `ctx.needs[kind]` (saved with the start: plain values)
+    # `needs(learn) -> value`: what else of the Learner `predict` reads, in `ctx.needs[kind]` (saved with the start:
+    # plain values)
+    needs:callable=None
     was:callable=None # `was(ctx) -> value`: the setting before it, for "was → value" (None: a switch, "on")
     check:callable=None # `check(value) -> bool`: a value `load_speed` takes from a file (None: only `True`, a switch)
-    persist:callable=None # `persist(learn, value)`: what `SpeedResult.apply` does besides `apply` so that later fits keep it
+    # `persist(learn, value)`: what `SpeedResult.apply` does besides `apply` so that later fits keep it
+    persist:callable=None
     reprobe:str='' # One of `REPROBES`: what `speed_find` probes again once it is kept (another loader now)
     again:bool=False # Planned again once kept (a count searched upward: the workers)
 
@@ -522,44 +616,65 @@ def _keep_channels_last(learn, v):
         learn.add_cb(ChannelsLast())
 
 STRATEGIES = dict(  # in the order `plan` asks them; adding a fix is adding an entry
-    cache_items=Strategy(predict_cache, set_item_cache, 'speed only', lambda v: 'item cache in memory and on disk' if v == 'disk' else 'item cache',
-                         lambda v, ctx: f"call `fastxtend_prof.cache.cache_loaders(learn{', disk=True' if v == 'disk' else ''})` after building the "
+    cache_items=Strategy(predict_cache, set_item_cache, 'speed only',
+                         lambda v: 'item cache in memory and on disk' if v == 'disk' else 'item cache',
+                         lambda v, ctx: "call "
+                                        f"`fastxtend_prof.cache.cache_loaders(learn{', disk=True' if v == 'disk' else ''})` after building the "
                                         'Learner (the items are bit-identical)', every=True, first=True,
                          check=lambda v: v == 'disk' or _count(1)(v), reprobe='loader'),
     resize_on_batch=Strategy(predict_resize_on_batch, set_resize_on_batch, 'numerics', _named('resize on the batch'),
-                             'build the DataBlock without the item `Resize` and with `aug_transforms(size=...)` of its size (or call '
-                             '`fastxtend_prof.tune.set_resize_on_batch(learn, every=True)`); the items must all have one size', every=True, first=True,
+                             'build the DataBlock without the item `Resize` and with `aug_transforms(size=...)` of '
+                             'its size (or call '
+                             '`fastxtend_prof.tune.set_resize_on_batch(learn, every=True)`); the items must all have '
+                             'one size', every=True, first=True,
                              reprobe='items'),
-    num_workers=Strategy(predict_num_workers, set_num_workers, 'speed only', 'num_workers={}'.format, was=_field('num_workers'),
+    num_workers=Strategy(predict_num_workers, set_num_workers, 'speed only', 'num_workers={}'.format,
+                         was=_field('num_workers'),
                          check=_count(0), again=True),
-    pin_memory=Strategy(predict_pin_memory, set_pin_memory, 'speed only', 'pin_memory={}'.format, was=_field('pin_memory')),
-    transforms_on_device=Strategy(predict_transforms_on_device, set_transforms_device, 'speed only', 'batch transforms on {}'.format,
+    pin_memory=Strategy(predict_pin_memory, set_pin_memory, 'speed only', 'pin_memory={}'.format,
+                        was=_field('pin_memory')),
+    transforms_on_device=Strategy(predict_transforms_on_device, set_transforms_device, 'speed only',
+                                  'batch transforms on {}'.format,
                                   was=_field('dls_device'), check=lambda v: isinstance(v, str)),
-    foreach=Strategy(_predict_optimizer('foreach'), lambda learn, v: set_optimizer_flag(learn, 'foreach', v), 'last bits', 'foreach={}'.format),
-    fused=Strategy(_predict_optimizer('fused'), lambda learn, v: set_optimizer_flag(learn, 'fused', v), 'last bits', 'fused={}'.format),
-    channels_last=Strategy(predict_channels_last, set_channels_last, 'last bits', _named('channels_last'), persist=_keep_channels_last),
-    mixed_precision=Strategy(predict_mixed_precision, set_mixed_precision, 'numerics', _named('mixed precision (fp16)')),
+    foreach=Strategy(_predict_optimizer('foreach'), lambda learn, v: set_optimizer_flag(learn, 'foreach', v),
+                     'last bits', 'foreach={}'.format),
+    fused=Strategy(_predict_optimizer('fused'), lambda learn, v: set_optimizer_flag(learn, 'fused', v), 'last bits',
+                   'fused={}'.format),
+    channels_last=Strategy(predict_channels_last, set_channels_last, 'last bits', _named('channels_last'),
+                           persist=_keep_channels_last),
+    mixed_precision=Strategy(predict_mixed_precision, set_mixed_precision, 'numerics',
+                             _named('mixed precision (fp16)')),
     threads=Strategy(predict_threads, set_threads, 'last bits', 'torch threads={}'.format,
                      'call `torch.set_num_threads({v})` before training (or set `OMP_NUM_THREADS={v}`)', was=_field('threads'), check=_count(1)),
-    batch_size=Strategy(predict_batch_size, set_batch_size, 'training', 'bs={}'.format, was=_field('bs'), check=_count(1)))
+    batch_size=Strategy(predict_batch_size, set_batch_size, 'training', 'bs={}'.format, was=_field('bs'),
+                        check=_count(1)))
 for _k, _s in STRATEGIES.items(): _s.keep = _s.keep or REMEDIES[_k].keep
 CHANGES = {k: s.changes for k, s in STRATEGIES.items()}  # what the package's own fixes change besides the speed
 SETTERS = {k: s.apply for k, s in STRATEGIES.items()}  # the package's own fixes' setters
 
-def register_strategy(kind:str, # The fix's name: the `Fix.kind` of what its `predict` returns, the key of its saved fixes
+# The fix's name: the `Fix.kind` of what its `predict` returns, the key of its saved fixes
+def register_strategy(kind:str,
                       strategy:Strategy, # What it reads, predicts, sets, changes and keeps
                       overwrite:bool=False, # Replace a strategy of that name
                      ) -> Strategy:
-    "Add `strategy` to `STRATEGIES` as `kind`: `plan`, `speed_find`, `SpeedResult.apply`, `save` and `load_speed` take it as they take the package's own"
-    if not isinstance(kind, str) or not kind.isidentifier(): raise ValueError(f'a strategy is named by an identifier (letters, digits, _), got {kind!r}')
+    ("Add `strategy` to `STRATEGIES` as `kind`: `plan`, `speed_find`, `SpeedResult.apply`, `save` and `load_speed` "
+     "take it as they take the package's own")
+    if not isinstance(kind, str) or not kind.isidentifier():
+        raise ValueError(f'a strategy is named by an identifier (letters, digits, _), got {kind!r}')
     if not isinstance(strategy, Strategy): raise TypeError(f'`strategy` is a `Strategy`, got {type(strategy).__name__}')
-    if kind in STRATEGIES and not overwrite: raise ValueError(f'{kind!r} is a strategy already: pass `overwrite=True` to replace it')
-    if strategy.changes not in CHANGE_KINDS: raise ValueError(f'{kind!r}: `changes` is one of {", ".join(map(repr, CHANGE_KINDS))}, got {strategy.changes!r}')
-    if strategy.reprobe not in REPROBES: raise ValueError(f'{kind!r}: `reprobe` is one of {", ".join(map(repr, REPROBES))}, got {strategy.reprobe!r}')
+    if kind in STRATEGIES and not overwrite:
+        raise ValueError(f'{kind!r} is a strategy already: pass `overwrite=True` to replace it')
+    if strategy.changes not in CHANGE_KINDS:
+        raise ValueError(f'{kind!r}: `changes` is one of {", ".join(map(repr, CHANGE_KINDS))}, got {strategy.changes!r}')
+    if strategy.reprobe not in REPROBES:
+        raise ValueError(f'{kind!r}: `reprobe` is one of {", ".join(map(repr, REPROBES))}, got {strategy.reprobe!r}')
     if not callable(strategy.keep) and (not isinstance(strategy.keep, str) or not strategy.keep):
-        raise ValueError(f"{kind!r}: `keep` says the code that keeps the fix (the package's own take it from `rules.REMEDIES`)")
-    hooks = [f for f in fields(Strategy) if f.type in (callable, 'callable')]  # the functions it is given, the first four required
-    bad = [f.name for f in hooks if not callable(getattr(strategy, f.name)) and (getattr(strategy, f.name) is not None or f.default is MISSING)]
+        raise ValueError(f"{kind!r}: `keep` says the code that keeps the fix (the package's own take it from "
+                         "`rules.REMEDIES`)")
+    # the functions it is given, the first four required
+    hooks = [f for f in fields(Strategy) if f.type in (callable, 'callable')]
+    bad = [f.name for f in hooks
+           if not callable(getattr(strategy, f.name)) and (getattr(strategy, f.name) is not None or f.default is MISSING)]
     if bad: raise TypeError(f'{kind!r}: {", ".join(f"`{n}`" for n in bad)} must be callable')
     STRATEGIES[kind] = strategy
     return strategy
@@ -574,12 +689,15 @@ def probe_loader(learn, # A Learner whose train loader is a fastai `DataLoader`
                  batches:int=PROBE_BATCHES, # At most this many batches ...
                  max_time:float=PROBE_TIME, # ... or seconds (at least one batch)
                 ) -> tuple:
-    "`(share, seconds)`: the train loader of `learn` alone, without workers, for a few batches: the share of its time its thread ran on a core, less its waits for one (`stages.work_share`; under `stages.WAITING` it mostly waits), and its seconds a batch"
+    ("`(share, seconds)`: the train loader of `learn` alone, without workers, for a few batches: the share of its time "
+     "its thread ran on a core, less its waits for one (`stages.work_share`; under `stages.WAITING` it mostly waits), "
+     "and its seconds a batch")
     dl = learn.dls.train
     if not hasattr(dl, 'fake_l'): raise TypeError(f'`probe_loader` needs a fastai DataLoader, got {type(dl).__name__}')
     undo, n = set_num_workers(learn, 0), 0
     try:
-        made = iter(dl)  # a pass of the loader, as a fit draws it (it draws from the loader's random generators: call it between fits)
+        # a pass of the loader, as a fit draws it (it draws from the loader's random generators: call it between fits)
+        made = iter(dl)
         (r0, q0), t0 = thread_times(), time.perf_counter()
         for _ in made:
             n += 1
@@ -591,33 +709,41 @@ def probe_loader(learn, # A Learner whose train loader is a fastai `DataLoader`
 
 # %% ../nbs/17_tune.ipynb #598af88d
 class TrialEnd(Callback):
-    "Ends a trial fit: validation is skipped, and the fit stops after `batches` steady train batches and one more (see `run_trial`), or at `deadline`"
+    ("Ends a trial fit: validation is skipped, and the fit stops after `batches` steady train batches and one more "
+     "(see `run_trial`), or at `deadline`")
     order = 1000  # after every callback's `after_batch`, the profiler's and fastai's Recorder's included
-    def __init__(self, batches:int, warmup:int, deadline:float): self.batches, self.warmup, self.deadline, self.steady = batches, warmup, deadline, 0
+    def __init__(self, batches:int, warmup:int,
+                 deadline:float): self.batches, self.warmup, self.deadline, self.steady = batches, warmup, deadline, 0
     def before_validate(self): raise CancelValidException()
     def after_batch(self):
         if not self.learn.training: return
         if self.learn.iter >= self.warmup: self.steady += 1
         if self.steady > self.batches or time.monotonic() >= self.deadline: raise CancelFitException()
 
-_ASIDE_MODULES = ('fastai.callback.tracker', 'fastai.callback.wandb', 'fastai.callback.tensorboard', 'fastai.callback.comet',
-                  'fastai.callback.neptune', 'fastai.callback.azureml', 'fastai.callback.mlflow', 'fastai.callback.captum')
+_ASIDE_MODULES = ('fastai.callback.tracker', 'fastai.callback.wandb', 'fastai.callback.tensorboard',
+                  'fastai.callback.comet',
+                  'fastai.callback.neptune', 'fastai.callback.azureml', 'fastai.callback.mlflow',
+                  'fastai.callback.captum')
 _ASIDE_NAMES = ('ProgressCallback', 'ShowGraphCallback', 'CSVLogger')
 
 def set_aside(learn) -> list:
-    "The callbacks a trial runs without: those that save, log, stop the fit or draw (loggers, trackers, progress bars), and the user's own profiler"
+    ("The callbacks a trial runs without: those that save, log, stop the fit or draw (loggers, trackers, progress "
+     "bars), and the user's own profiler")
     return [cb for cb in learn.cbs if isinstance(cb, (SimpleProfilerCallback, SimpleProfilerPostCallback))
             or type(cb).__module__ in _ASIDE_MODULES or type(cb).__name__ in _ASIDE_NAMES]
 
 def run_trial(learn, batches:int, warmup:int, deadline:float, sync:str='auto'):
-    "Profile `learn` training `batches` steady train batches (after `warmup` per loop, before the last), no validation: the `SavedProfile`"
+    ("Profile `learn` training `batches` steady train batches (after `warmup` per loop, before the last), no "
+     "validation: the `SavedProfile`")
     # timings and the training thread's wait for a core (the `cores` feature, two reads a loop): no other feature, whatever is registered
-    learn.profile(show_report=False, warmup=warmup, logger_callback=None, sync=sync, **{n: n == 'cores' for n in FEATURES})
+    learn.profile(show_report=False, warmup=warmup, logger_callback=None, sync=sync,
+                  **{n: n == 'cores' for n in FEATURES})
     epochs = math.ceil(batches/max(1, len(learn.dls.train) - warmup)) + 1
     try:
         with learn.no_logging(): learn.fit(epochs, cbs=TrialEnd(batches, warmup, deadline))
     finally:  # the loader iterator the stop left behind, and its worker processes, go now and not in a later fit
-        if any(dl.fake_l.num_workers for dl in _loaders(learn)): gc.collect()  # (a full collection costs ~0.1 s: only when there are workers)
+        # (a full collection costs ~0.1 s: only when there are workers)
+        if any(dl.fake_l.num_workers for dl in _loaders(learn)): gc.collect()
     return without_last(profile_of(learn, full=False))
 
 def _core_wait(prof) -> float:
@@ -625,32 +751,41 @@ def _core_wait(prof) -> float:
     return wait_share(prof.metadata.get('cores'))
 
 def without_last(prof):
-    "`prof` without its last train batch: the one the stop cut, whose time runs on through the loader's teardown (its workers' shutdown)"
+    ("`prof` without its last train batch: the one the stop cut, whose time runs on through the loader's teardown (its "
+     "workers' shutdown)")
     train = str(Phase.TRAIN)
-    return replace(prof, distributions={k: v[:-1] if k[0] == train and isinstance(v, np.ndarray) else v for k, v in prof.distributions.items()})
+    return replace(prof,
+                   distributions={k: v[:-1] if k[0] == train and isinstance(v, np.ndarray) else v for k,
+                                  v in prof.distributions.items()})
 
 def _per_start_batch(prof, bs0:int):
     "`prof` with its per-batch durations rescaled to `bs0` samples a batch: how a batch-size trial is compared"
     bs = prof.metadata.get(META.batch_size)
     if not bs or bs == bs0: return prof
-    return replace(prof, metadata={**prof.metadata, 'batch_size': bs0}, distributions={k: v*(bs0/bs) for k, v in prof.distributions.items()})
+    return replace(prof, metadata={**prof.metadata, 'batch_size': bs0},
+                   distributions={k: v*(bs0/bs) for k, v in prof.distributions.items()})
 
 # %% ../nbs/17_tune.ipynb #c86e40b3
 _KEY = (str(Phase.TRAIN), str(Step.ITERATION))
-TRIAL_COLS = ('Trial', 'Change', 'Kind', 'Changes', 'Target', 'Predicted', 'Median', 'Mean', 'Samples/s', 'Samples/s Low', 'Samples/s High',
+TRIAL_COLS = ('Trial', 'Change', 'Kind', 'Changes', 'Target', 'Predicted', 'Median', 'Mean', 'Samples/s',
+              'Samples/s Low', 'Samples/s High',
               'Predicted %', *CHANGE_COLS, 'Error %', 'Accepted', 'Batches', 'Seconds', 'Note')
 
 def _measured(prof=None, block:int=1, confidence:float=CONFIDENCE) -> dict:
-    "A trial's train iteration (all NaN without `prof`): median, mean, steady batches, samples/s with the interval of the mean over blocks of `block` batches"
+    ("A trial's train iteration (all NaN without `prof`): median, mean, steady batches, samples/s with the interval of "
+     "the mean over blocks of `block` batches")
     d = np.asarray(prof.distributions.get(_KEY, []) if prof is not None else [], dtype=float)
     r = prof.results[(prof.results.Phase == Phase.TRAIN) & (prof.results.Step == Step.ITERATION)] if prof is not None else []
     bs, nan = prof.metadata.get(META.batch_size) if prof is not None else None, math.nan
-    rate = bs/float(d.mean()) if bs and len(d) else float(r[Cols.RATE].iloc[0]) if len(r) else nan  # of the batches the statistics keep
-    out = {'Median': float(np.median(d)) if len(d) else nan, 'Mean': float(d.mean()) if len(d) else nan, 'Batches': len(d),
+    # of the batches the statistics keep
+    rate = bs/float(d.mean()) if bs and len(d) else float(r[Cols.RATE].iloc[0]) if len(r) else nan
+    out = {'Median': float(np.median(d)) if len(d) else nan, 'Mean': float(d.mean()) if len(d) else nan,
+           'Batches': len(d),
            'Samples/s': rate, 'Samples/s Low': nan, 'Samples/s High': nan}
     e = estimate(d, block)
     if not e.se == e.se: return out
-    lo, hi = interval(rate, e.se/e.mean, confidence)  # the delta method: the mean's spread (`stats.estimate`), on rate's log scale
+    # the delta method: the mean's spread (`stats.estimate`), on rate's log scale
+    lo, hi = interval(rate, e.se/e.mean, confidence)
     return {**out, 'Samples/s Low': lo, 'Samples/s High': hi}
 
 def _iteration_row(cmp) -> dict:
@@ -662,14 +797,16 @@ KEEP = {k: s.keep for k, s in STRATEGIES.items()}  # the code that keeps each fi
 # %% ../nbs/17_tune.ipynb #5026a5dc
 @dataclass
 class SpeedResult:
-    "What `learn.speed_find()` tried and found: a row per trial, the accepted fixes, a verdict, and the search's own time"
+    ("What `learn.speed_find()` tried and found: a row per trial, the accepted fixes, a verdict, and the search's own "
+     "time")
     trials:pd.DataFrame # One row per configuration tried (`TRIAL_COLS`); row 0 is the starting one
     fixes:list # The accepted `Fix`es, in the order they were accepted
     verdict:str # The outcome in words
     notes:list=field(default_factory=list) # What was not tried, and why
     seconds:float=0. # The search's own wall time, restoring the Learner included
     max_time:float=math.inf # Its budget in seconds
-    start:TuneContext=field(default_factory=TuneContext) # `tune_context` of the starting configuration (a dict of its fields is read)
+    # `tune_context` of the starting configuration (a dict of its fields is read)
+    start:TuneContext=field(default_factory=TuneContext)
 
     def __post_init__(self): self.start = TuneContext.read(self.start)
 
@@ -690,7 +827,8 @@ class SpeedResult:
         for f in self.fixes:
             s = STRATEGIES[f.kind]
             head = f'{f.kind}: {s.was(self.start)} → {f.value}' if s.was is not None else f'{f.name}: on'
-            lines.append(f"  {head}; to keep it, {s.keep(f.value, self.start) if callable(s.keep) else s.keep.format(v=f.value, opt=self.start.optimizer)}")
+            lines.append(f"  {head}; to keep it, "
+                         f"{s.keep(f.value, self.start) if callable(s.keep) else s.keep.format(v=f.value, opt=self.start.optimizer)}")
         return '\n'.join(lines)
 
     def text(self, width:int|None=None) -> str:
@@ -698,16 +836,21 @@ class SpeedResult:
         t, fmt = self.trials, lambda v: '' if v != v else format_duration(v)
         pct = lambda v: '' if v != v else f'{v:+.0f}%'
         df = pd.DataFrame({'#': t.Trial.astype(str), 'Change': t.Change, 'Predicted': [f'{fmt(p)} ({pct(q)})' if p == p else '' for p, q in zip(t.Predicted, t['Predicted %'])],
-                           'Median': t.Median.map(fmt), 'Samples/s': [f'{s:,.0f} ({lo:,.0f}-{hi:,.0f})' if lo == lo else (f'{s:,.0f}' if s == s else '') for s, lo, hi in zip(t['Samples/s'], t['Samples/s Low'], t['Samples/s High'])],
-                           'vs start': [f'{c:+.0f}% ({lo:+.0f} to {hi:+.0f})' if lo == lo else pct(c) for c, lo, hi in zip(t[CHANGE], t[CI_LOW], t[CI_HIGH])],
+                           'Median': t.Median.map(fmt),
+                           'Samples/s': [f'{s:,.0f} ({lo:,.0f}-{hi:,.0f})' if lo == lo else (f'{s:,.0f}' if s == s else '') for s, lo, hi in zip(t['Samples/s'], t['Samples/s Low'], t['Samples/s High'])],
+                           'vs start': [f'{c:+.0f}% ({lo:+.0f} to {hi:+.0f})' if lo == lo else pct(c) for c, lo,
+                                        hi in zip(t[CHANGE], t[CI_LOW], t[CI_HIGH])],
                            'p': t[P_VALUE].map(lambda v: '' if v != v else f'{v:.2g}'),
-                           'Kept': ['' if i == 0 else 'yes' if a else 'no' for i, a in zip(t.Trial, t.Accepted)], 'Note': t.Note})
+                           'Kept': ['' if i == 0 else 'yes' if a else 'no' for i, a in zip(t.Trial, t.Accepted)],
+                           'Note': t.Note})
         width = width or text_width()
         fill = lambda s: fill_text(s, width)
         lines = [fill('speed_find: ' + self.verdict), text_table(df, list(df.columns), {})]
         lines += [fill(f'not tried: {n}') for n in self.notes]
-        lines.append(fill(f'Medians of the train iteration per batch (warmup left out); samples/s with the {CONFIDENCE:.0%} interval of the mean; '
-                          f'vs start: change of the mean with its interval and the test\'s p. The search took {self.seconds:.1f} s of its '
+        lines.append(fill('Medians of the train iteration per batch (warmup left out); samples/s with the '
+                          f'{CONFIDENCE:.0%} interval of the mean; '
+                          'vs start: change of the mean with its interval and the test\'s p. The search took '
+                          f'{self.seconds:.1f} s of its '
                           f'{self.max_time:g} s budget, and the Learner was put back as it was.'))
         return '\n'.join(lines)
 
@@ -718,7 +861,8 @@ class SpeedResult:
                                               start=self.start.plain()), indent=1) + '\n')
         return Path(path)
 
-    def __repr__(self): return f'SpeedResult({self.verdict} {len(self.trials)} configurations; `.show()` prints the table)'
+    def __repr__(self): return (f'SpeedResult({self.verdict} {len(self.trials)} configurations; `.show()` prints the '
+                                'table)')
     def show(self, width:int|None=None): print(self.text(width))
 
     def plot(self, ax=None, fname=None):
@@ -747,7 +891,8 @@ RECORD_ENV = 'FASTXTEND_PROF_SPEED_RECORD'  # where `speed_find` appends its cal
 RECORD_COLS = ('when', 'run', 'fix', 'kind', 'predicted_s', 'measured_s', 'error_pct', 'kept')
 
 def append_record(res, path):
-    "Append to the CSV file `path` a line per fix `res` (a `SpeedResult`) measured: when, the run it tuned, the fix, the predicted and the measured median iteration, the error in percent, whether it was kept"
+    ("Append to the CSV file `path` a line per fix `res` (a `SpeedResult`) measured: when, the run it tuned, the fix, "
+     "the predicted and the measured median iteration, the error in percent, whether it was kept")
     t = res.trials[(res.trials.Trial > 0) & res.trials.Median.notna()]
     st = res.start
     run = f"{st.device}, bs {st.bs}, num_workers {st.num_workers}, {st.optimizer or 'no torch optimizer'}"
@@ -759,36 +904,46 @@ def append_record(res, path):
     return path
 
 def calibration(path) -> dict:
-    "How right `speed_find`'s predictions were over a record (`append_record`): the fixes measured, the median and the worst absolute error in percent"
+    ("How right `speed_find`'s predictions were over a record (`append_record`): the fixes measured, the median and "
+     "the worst absolute error in percent")
     try: d = pd.read_csv(path)
-    except (OSError, ValueError, UnicodeDecodeError) as e: raise ValueError(f'{path}: not a speed_find record ({type(e).__name__}: {e})') from None
+    except (OSError, ValueError,
+            UnicodeDecodeError) as e: raise ValueError(f'{path}: not a speed_find record ({type(e).__name__}: {e})') from None
     if 'error_pct' not in d: raise ValueError(f'{path}: not a speed_find record (no `error_pct` column)')
     d = d[pd.to_numeric(d.error_pct, errors='coerce').notna()]
     e = d.error_pct.astype(float).abs()
-    return dict(fixes=len(d), median_abs_error_pct=float(e.median()) if len(e) else math.nan, worst_abs_error_pct=float(e.max()) if len(e) else math.nan)
+    return dict(fixes=len(d), median_abs_error_pct=float(e.median()) if len(e) else math.nan,
+                worst_abs_error_pct=float(e.max()) if len(e) else math.nan)
 
 def load_speed(path) -> SpeedResult:
-    "The configuration `SpeedResult.save` wrote at `path`, as a `SpeedResult` without trials: `.apply(learn)` sets it; a file of another kind is refused in one line"
+    ("The configuration `SpeedResult.save` wrote at `path`, as a `SpeedResult` without trials: `.apply(learn)` sets "
+     "it; a file of another kind is refused in one line")
     try: d = json.loads(Path(path).read_text())
-    except (OSError, ValueError) as e: raise ValueError(f'{path}: not a speed_find configuration ({type(e).__name__}: {e})') from None
+    except (OSError,
+            ValueError) as e: raise ValueError(f'{path}: not a speed_find configuration ({type(e).__name__}: {e})') from None
     if not isinstance(d, dict) or d.get('format') != SPEED_FORMAT or not isinstance(d.get('fixes'), list):
         raise ValueError(f'{path}: not a speed_find configuration (format {SPEED_FORMAT!r} expected)')
     bad = [f.get('kind') if isinstance(f, dict) else f for f in d['fixes'] if not isinstance(f, dict) or f.get('kind') not in STRATEGIES]
     if bad: raise ValueError(f'{path}: unknown fixes {bad} (this version knows {", ".join(STRATEGIES)})')
-    ok = lambda kind, v: (STRATEGIES[kind].check or (lambda v: v is True))(v)  # each strategy's own check; a switch takes True
+    # each strategy's own check; a switch takes True
+    ok = lambda kind, v: (STRATEGIES[kind].check or (lambda v: v is True))(v)
     wrong = [f"{f['kind']}={f.get('value')!r}" for f in d['fixes'] if not ok(f['kind'], f.get('value'))]
     if wrong: raise ValueError(f'{path}: not a speed_find configuration (values out of range: {", ".join(wrong)})')
     fixes = [Fix(f['kind'], f['value'], f.get('target', ''), f.get('predicted', math.nan), f.get('why', '')) for f in d['fixes']]
     start = d.get('start') or {}
-    if not isinstance(start, dict): raise ValueError(f'{path}: not a speed_find configuration (its `start` is not an object)')
-    return SpeedResult(pd.DataFrame(columns=list(TRIAL_COLS)), fixes, d.get('verdict', ''), start=TuneContext.read(start))
+    if not isinstance(start,
+                      dict): raise ValueError(f'{path}: not a speed_find configuration (its `start` is not an object)')
+    return SpeedResult(pd.DataFrame(columns=list(TRIAL_COLS)), fixes, d.get('verdict', ''),
+                       start=TuneContext.read(start))
 
 def _check_find(max_time, max_batches, batches, warmup, allow, sync, alpha, min_change):
     check_number('max_time', max_time, 0, why='seconds the whole search may take', open_lo=True)
     check_int('batches', batches, 2, 'steady train batches per trial')
     check_int('warmup', warmup, 0, 'leading train batches of each loop left out of a trial')
-    if max_batches is not None and check_int('max_batches', max_batches, 1, 'train batches of all trials together') < warmup + batches + 1:
-        raise ValueError(f'`max_batches` ({max_batches}) must leave room for at least the first measurement: warmup + batches + the last one = {warmup + batches + 1}')
+    if max_batches is not None and check_int('max_batches', max_batches, 1,
+                                             'train batches of all trials together') < warmup + batches + 1:
+        raise ValueError(f'`max_batches` ({max_batches}) must leave room for at least the first measurement: warmup '
+                         f'+ batches + the last one = {warmup + batches + 1}')
     allow = (allow,) if isinstance(allow, str) else tuple(allow)
     bad = [a for a in allow if a not in allowed()]
     if bad: raise ValueError(f'`allow` takes {", ".join(map(repr, allowed()))}; got {", ".join(map(repr, bad))}')
@@ -796,11 +951,16 @@ def _check_find(max_time, max_batches, batches, warmup, allow, sync, alpha, min_
     check_number('alpha', alpha, 0, 1, open_lo=True); check_number('min_change', min_change, why='percent')
     return allow
 
-PROBED = ('loader_share', 'loader_batch', 'cache_saves', 'cache_kept', 'cache_why', 'cache_bytes', 'cache_disk_saves', 'resize_saves', 'resize_why', 'probed')  # what `_probe` adds to the context `plan` reads
+# what `_probe` adds to the context `plan` reads
+PROBED = ('loader_share', 'loader_batch', 'cache_saves', 'cache_kept', 'cache_why', 'cache_bytes', 'cache_disk_saves',
+          'resize_saves', 'resize_why', 'probed')
 
 def _probe(learn, ctx:TuneContext, deadline:float, items:bool=True, allow=()):
-    "Into `ctx`: the train loader alone (`probe_loader`: the share it computes, its time a batch) and, with `items`, what caching its items would save (`probe_cache`) and, where allowed, moving its resize to the batch (`probe_resize`)"
-    ctx.loader_share, ctx.loader_batch = probe_loader(learn, max_time=min(PROBE_TIME, max(0., deadline - time.monotonic())/10))
+    ("Into `ctx`: the train loader alone (`probe_loader`: the share it computes, its time a batch) and, with `items`, "
+     "what caching its items would save (`probe_cache`) and, where allowed, moving its resize to the batch "
+     "(`probe_resize`)")
+    ctx.loader_share, ctx.loader_batch = probe_loader(learn,
+                                                      max_time=min(PROBE_TIME, max(0., deadline - time.monotonic())/10))
     ctx.probed = True
     if items:
         pc = probe_cache(learn.dls.train)
@@ -814,7 +974,8 @@ def _out_of_budget(f, used:int, need:int, max_batches, overhead:float, deadline:
     return f'{f.name}: about {expected:.0f} s needed, {max(0., left):.0f} s of the budget left' if expected > left else ''
 
 def _run_fix(learn, f, batches:int, warmup:int, deadline:float, sync:str) -> tuple:
-    "`(profile, undo, None)`: a trial of `learn` with `f` set; `(None, None, error)` where setting it or the trial failed, `f` undone"
+    ("`(profile, undo, None)`: a trial of `learn` with `f` set; `(None, None, error)` where setting it or the trial "
+     "failed, `f` undone")
     undo = None
     try:
         undo = STRATEGIES[f.kind].apply(learn, f.value)
@@ -827,7 +988,8 @@ def _run_fix(learn, f, batches:int, warmup:int, deadline:float, sync:str) -> tup
         return None, None, e
 
 def _judge(f, prof, start, best, bs0:int, batches:int, alpha:float, min_change:float) -> tuple:
-    "`(kept, row)`: the trial `prof` of `f` against the start and the best so far, kept when significantly faster than the best"
+    ("`(kept, row)`: the trial `prof` of `f` against the start and the best so far, kept when significantly faster "
+     "than the best")
     judge = lambda x, y: _iteration_row(compare_profiles(_per_start_batch(x, bs0), _per_start_batch(y, bs0), alpha=alpha, min_change=min_change,
                                                          block=_block(batches, x, y)))
     vs_start = judge(start, prof)
@@ -840,7 +1002,8 @@ def _judge(f, prof, start, best, bs0:int, batches:int, alpha:float, min_change:f
     return ok, _row(0, f, mp, vs_start, ok, note, 0.)
 
 def _row(i, f, m:dict, vs_start:dict, accepted, note, seconds, best_median=math.nan) -> dict:
-    row = dict(Trial=i, Change='start' if f is None else f.name, Kind='' if f is None else f.kind, Changes='' if f is None else STRATEGIES[f.kind].changes,
+    row = dict(Trial=i, Change='start' if f is None else f.name, Kind='' if f is None else f.kind,
+               Changes='' if f is None else STRATEGIES[f.kind].changes,
                Target='' if f is None else str(f.target), Predicted=math.nan if f is None else f.predicted,
                **{'Predicted %': math.nan if f is None else 100*(f.predicted/best_median - 1)}, **m,
                **{k: vs_start.get(k, math.nan) for k in CHANGE_COLS},
@@ -857,7 +1020,8 @@ def _verdict(rows, fixes, times) -> str:
                 + (f' ({failed} trial{"s" if failed > 1 else ""} failed: see the notes)' if failed else '') + (f'; {why}' if why else '') + '.')
     s, b = rows[0], next(r for r in reversed(rows) if r['Accepted'])
     ci = f", {CONFIDENCE:.0%} CI {b[CI_LOW]:+.0f}% to {b[CI_HIGH]:+.0f}%" if b[CI_LOW] == b[CI_LOW] else ''
-    return (f"faster with {', '.join(f.name for f in fixes)}: train iteration {format_duration(s['Median'])} → {format_duration(b['Median'])} "
+    return (f"faster with {', '.join(f.name for f in fixes)}: train iteration {format_duration(s['Median'])} → "
+            f"{format_duration(b['Median'])} "
             f"a batch (mean {b[CHANGE]:+.0f}%{ci}), {s['Samples/s']:,.0f} → {b['Samples/s']:,.0f} samples/s. "
             'Keep it with `result.apply(learn)` or `learn.speed_find(apply=True)`.')
 
@@ -865,27 +1029,38 @@ def _verdict(rows, fixes, times) -> str:
 @patch
 def speed_find(self:Learner,
     max_time:float=120., # Seconds the whole search may take, putting the Learner back included
-    max_batches:int|None=None, # Train batches all trials together may run, warmup included (None: only `max_time` bounds it)
+    # Train batches all trials together may run, warmup included (None: only `max_time` bounds it)
+    max_batches:int|None=None,
     batches:int=40, # Steady train batches per trial (the comparison wants 30 or more)
-    warmup:int=3, # Leading train batches of each loop left out of a trial's statistics (worker start-up, first-batch costs)
-    allow=(), # Fixes that change the numerics or the training, tried only when named here: 'mixed_precision', 'batch_size', 'resize_on_batch'
+    # Leading train batches of each loop left out of a trial's statistics (worker start-up, first-batch costs)
+    warmup:int=3,
+    # Fixes that change the numerics or the training, tried only when named here: 'mixed_precision', 'batch_size',
+    # 'resize_on_batch'
+    allow=(),
     apply:bool=False, # Set the accepted configuration on the Learner afterwards (as `result.apply(learn)`)
     show:bool=True, # Print a line per trial and the result
     alpha:float=ALPHA, # A trial is kept only if the comparison's p-value is below this ...
     min_change:float=MIN_CHANGE, # ... and the mean iteration moved by at least this many percent
     sync:str='auto', # How trials time steps on an accelerator (`learn.profile`'s `sync`)
-    save=None, # A path: write the kept configuration there as JSON (`SpeedResult.save`; `load_speed(path).apply(learn)` sets it again)
-    record=None, # A path: append a line per fix tried (predicted against measured: `append_record`); default `$FASTXTEND_PROF_SPEED_RECORD`
+    # A path: write the kept configuration there as JSON (`SpeedResult.save`; `load_speed(path).apply(learn)` sets it
+    # again)
+    save=None,
+    # A path: append a line per fix tried (predicted against measured: `append_record`); default
+    # `$FASTXTEND_PROF_SPEED_RECORD`
+    record=None,
 ) -> SpeedResult:
-    "Try the profile's own advice on this Learner's run in short profiled trials, keep what is significantly faster, put everything back"
+    ("Try the profile's own advice on this Learner's run in short profiled trials, keep what is significantly faster, "
+     "put everything back")
     allow = _check_find(max_time, max_batches, batches, warmup, allow, sync, alpha, min_change)
     record = record if record is not None else os.environ.get(RECORD_ENV) or None
     for name, path in (('save', save), ('record', record)):
         if path is not None and not Path(path).parent.is_dir(): raise ValueError(f'`{name}`: the folder of {str(path)!r} does not exist')
     if events.in_fit(self): raise RuntimeError('`speed_find` was called inside a fit: call it between fits')
-    if data_parallel(): raise RuntimeError('`speed_find` tunes one process: run it before launching the data-parallel job')
+    if data_parallel(): raise RuntimeError('`speed_find` tunes one process: run it before launching the '
+                                           'data-parallel job')
     n = len(self.dls.train)
-    if n <= warmup: raise ValueError(f'the train loader has {n} batches, not more than `warmup` ({warmup}): lower `warmup`')
+    if n <= warmup: raise ValueError(f'the train loader has {n} batches, not more than `warmup` ({warmup}): lower '
+                                     '`warmup`')
     say = print if show else (lambda *a, **k: None)
     t0 = time.monotonic()
     deadline, state, ctx0 = t0 + max_time, LearnerState(self), tune_context(self)
@@ -895,13 +1070,17 @@ def speed_find(self:Learner,
             start = run_trial(self, batches, warmup, deadline, sync)
             m = _measured(start, _block(batches, start))
             rows.append(_row(0, None, m, {}, False, 'the configuration as it was', time.monotonic() - t0))
-            say(f"speed_find: start: {format_duration(m['Median'])} a batch, {m['Samples/s']:,.0f} samples/s ({m['Batches']} batches)")
+            say(f"speed_find: start: {format_duration(m['Median'])} a batch, {m['Samples/s']:,.0f} samples/s "
+                f"({m['Batches']} batches)")
             overhead = max(0., rows[0]['Seconds'] - (warmup + m['Batches'])*m['Mean']) if m['Batches'] else 0.
             used, best, bs0, done, need = warmup + batches + 1, start, ctx0.bs or 1, set(), warmup + batches + 1
-            if m['Batches'] < 2: notes.append(f'the budget ({max_time:g} s) ran out during the first measurement: raise `max_time`')
+            if m['Batches'] < 2: notes.append(f'the budget ({max_time:g} s) ran out during the first measurement: '
+                                              'raise `max_time`')
             if m['Batches'] >= 2 and ctx0.fastai_loader and loader_wait(steady_times(start.results)) >= TARGET_SHARE: _probe(self, ctx0, deadline, allow=allow)
             while m['Batches'] >= 2:
-                todo, why_not = plan(steady_times(best.results), replace(tune_context(self), **{k: getattr(ctx0, k) for k in PROBED}, core_wait=_core_wait(best)),
+                todo, why_not = plan(steady_times(best.results),
+                                     replace(tune_context(self), **{k: getattr(ctx0, k) for k in PROBED},
+                                             core_wait=_core_wait(best)),
                                      allow, done)
                 if not todo:
                     notes += why_not
@@ -923,10 +1102,13 @@ def speed_find(self:Learner,
                     continue
                 ok, row = _judge(f, prof, start, best, bs0, batches, alpha, min_change)
                 rows.append({**row, 'Trial': len(rows), 'Seconds': time.monotonic() - t1, 'Predicted %': 100*(f.predicted/best_median - 1)})
-                say(f"speed_find: {f.name}: {format_duration(row['Mean'])} a batch on average ({row[CHANGE]:+.0f}% against the start's), {'kept' if ok else 'not kept'}")
+                say(f"speed_find: {f.name}: {format_duration(row['Mean'])} a batch on average ({row[CHANGE]:+.0f}% "
+                    f"against the start's), {'kept' if ok else 'not kept'}")
                 if ok:
-                    undos.append(undo); fixes = [g for g in fixes if g.kind != f.kind] + [f]; best = prof  # more workers after fewer: the last count is the fix
-                    if STRATEGIES[f.kind].reprobe and ctx0.probed:  # another loader now: what it computes, its time a batch, what is left to cache
+                    # more workers after fewer: the last count is the fix
+                    undos.append(undo); fixes = [g for g in fixes if g.kind != f.kind] + [f]; best = prof
+                    # another loader now: what it computes, its time a batch, what is left to cache
+                    if STRATEGIES[f.kind].reprobe and ctx0.probed:
                         _probe(self, ctx0, deadline, items=STRATEGIES[f.kind].reprobe == 'items', allow=())
                 else: undo()
                 if not ok or not STRATEGIES[f.kind].again: done.add(f.kind)
@@ -945,11 +1127,13 @@ def speed_find(self:Learner,
 
 # %% ../nbs/17_tune.ipynb #f338cd7b
 def _block(batches:int, *profs) -> int:
-    "Batches per block for the statistics of `profs`: as many as the most workers among them hand over at once, leaving 10 blocks or more"
+    ("Batches per block for the statistics of `profs`: as many as the most workers among them hand over at once, "
+     "leaving 10 blocks or more")
     return max(1, min(max(p.metadata.get(META.num_workers) or 0 for p in profs), batches//10))
 
 def _brief(e:BaseException, width:int=1000) -> str:
-    "`e` in one line: its type and message, the message's first and last lines when it has several (a worker's traceback); a reason whole, cut at a word only past `width` characters (a message that prints a whole tensor)"
+    ("`e` in one line: its type and message, the message's first and last lines when it has several (a worker's "
+     "traceback); a reason whole, cut at a word only past `width` characters (a message that prints a whole tensor)")
     lines = [l.strip() for l in str(e).strip().splitlines() if l.strip()]
     msg = lines[0] if len(lines) < 2 else f'{lines[0]} ... {lines[-1]}'
     out = f'{type(e).__name__}: {msg}' if msg else type(e).__name__
