@@ -14,6 +14,7 @@ time speed_find took against the sweep's (medians over the repeats). The issue's
 throughput in at most a third of the sweep's time.
 
     python benchmarks/speed_find_sweep.py                  # 1.5 ms items, bs 8, 1 ms compute, 0..8 workers, 5 repeats
+    python benchmarks/speed_find_sweep.py --loaders storage-bound   # that loader alone (about 3 minutes)
 """
 import argparse, math, sys, time, warnings
 from pathlib import Path
@@ -28,6 +29,8 @@ def main():
     p.add_argument('--compute', type=float, default=1e-3, help="seconds of the model's forward (default: 1e-3)")
     p.add_argument('--max-workers', type=int, default=None, help='largest count of the sweep (default: 6, or 4 a core if more)')
     p.add_argument('--repeats', type=int, default=5)
+    p.add_argument('--loaders', nargs='+', choices=('storage-bound', 'computing'), default=['storage-bound', 'computing'],
+                   help='which loaders (default: both)')
     a = p.parse_args()
     import fastxtend_prof.all  # noqa: F401
     from fastxtend_prof.tune import run_trial, set_num_workers, cores, LearnerState, set_aside, OVERSUBSCRIBE, _measured
@@ -42,6 +45,7 @@ def main():
     top = a.max_workers if a.max_workers is not None else max(6, OVERSUBSCRIBE*cores())
     print(f'items {a.item*1e3:g} ms, bs {a.bs}, compute {a.compute*1e3:g} ms, {cores()} cores, sweep 0..{top} workers, {a.repeats} repeats')
     for name, sleep in (('storage-bound', True), ('computing', False)):
+        if name not in a.loaders: continue
         learn = t.busy_learner(item=a.item, compute=a.compute, sleep=sleep)
         rates, sweep_s, find_s, chosen = {k: [] for k in range(top + 1)}, [], [], []
         for _ in range(a.repeats):
