@@ -6,7 +6,11 @@ process of its own under valgrind, fits fastai's `synth_learner` (40 train and 4
 torch thread, no progress bar, no logging) once to warm up, then once more, counting the instructions of fastai's epoch
 loop (`Learner._do_fit`: every batch and epoch event, not `before_fit` or `after_fit`) and nothing else: a small C helper,
 compiled here, turns callgrind's instrumentation on and off around it. `PYTHONHASHSEED` is fixed, so a configuration
-counts nearly the same on every run (two runs of one configuration: 6,700 instructions a batch apart, 0.12%). The garbage collector is switched off while
+counts nearly the same on every run (two runs of one configuration: 6,700 instructions a batch apart, 0.12%). That
+spread is where memory lands: with address space randomization off (`--no-aslr`, `setarch -R`) a configuration counts
+the same to 80-1,000 instructions a batch run to run, but two checkouts that differ in nothing the counted loop runs
+differed by 7,800 (0.14%): one fixed layout, not the code. CPython's method cache, for one, is indexed by the
+attribute name's address. So the import's cost is the median of several counts with randomization on (`--repeats`). The garbage collector is switched off while
 counting (after a full collection): whether one of its full collections fell inside the counted loop or not swung a
 configuration by 1.4 million instructions a batch (26% of fastai's own), from one run to the next with nothing of the
 loop changed. What importing costs the collector instead is the objects it tracks, the last column: each full
@@ -15,6 +19,9 @@ collection visits them all.
 - `fastai`: fastai alone, the package not imported;
 - `imported`: after `import fastxtend_prof.all`, a fit nothing profiles: what the package costs a user who imported it
   and is not profiling (the promise: nothing measurable; the bar: 0.3% of fastai's own instructions a batch);
+- `unpatched`: after the import, with every change the package made to fastai undone (`events.uninstall()`): the
+  import's footprint alone (more objects, types and names in the interpreter's caches), none of its patches, which
+  `imported` less `unpatched` is;
 - `floor`: after the import, the cheapest honest profiler of this kind: the loop that emits `before_draw` plus two bare
   callbacks appending `perf_counter()` at every per-batch event (as in `overhead.py` and `hot_path.py`);
 - `profiled`: after the import, `learn.profile()` with its defaults (no report printed, no logger).
@@ -30,14 +37,14 @@ and `profiled`'s added cost over the floor's (the bar: 0.80).
 With `--base`, each configuration that imports the package also runs with that checkout's package (`base:imported`,
 ...), and the table shows both.
 """
-import argparse, json, math, os, re, shutil, subprocess, sys, tempfile
+import argparse, json, math, os, platform, re, shutil, subprocess, sys, tempfile
 import numpy as np
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 N_TRN, N_VAL, EPOCHS = 40, 4, 2
-CONFIGS = ('fastai', 'imported', 'floor', 'profiled')
+CONFIGS = ('fastai', 'imported', 'unpatched', 'floor', 'profiled')
 
 HELPER = r'''
 #include <valgrind/callgrind.h>
@@ -52,6 +59,10 @@ torch.set_num_threads(1)
 config, helper, n_trn, n_val, epochs = sys.argv[1], sys.argv[2], *map(int, sys.argv[3:6])
 cg = ctypes.CDLL(helper)
 if config != 'fastai': import fastxtend_prof.all  # noqa: F401
+if config == 'unpatched':
+    from fastxtend_prof import events
+    events.uninstall()
+    assert not events.patched()
 from fastai.test_utils import synth_learner
 from fastai.callback.progress import ProgressCallback
 
@@ -99,7 +110,9 @@ def count(config:str, package:Path, helper:Path, where:Path, repeat:int=0) -> fl
     tag = f'{config}-{abs(hash(str(package)))}-{repeat}'
     out = where/f'callgrind.{tag}'
     env = dict(os.environ, PYTHONHASHSEED='0', OMP_NUM_THREADS='1', PYTHONPATH=str(package), PYTHONWARNINGS='ignore')
-    cmd = ['valgrind', '--tool=callgrind', '--instr-atstart=no', f'--callgrind-out-file={out}.%p',
+    # `--no-aslr`: address space randomization off (`setarch -R`)
+    aslr = ['setarch', platform.machine(), '-R'] if NO_ASLR else []
+    cmd = [*aslr, 'valgrind', '--tool=callgrind', '--instr-atstart=no', f'--callgrind-out-file={out}.%p',
            sys.executable, '-c', CHILD, config, str(helper), str(N_TRN), str(N_VAL), str(EPOCHS), str(ROOT/'benchmarks')]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=where, env=env)
     if p.returncode: sys.exit(f'{config} failed under valgrind:\n{p.stderr[-3000:]}')
@@ -109,15 +122,20 @@ def count(config:str, package:Path, helper:Path, where:Path, repeat:int=0) -> fl
     TRACKED[(config, str(package))] = int(re.search(r'^tracked (\d+)$', p.stderr, re.M).group(1))
     return total/(EPOCHS*(N_TRN + N_VAL))
 
+NO_ASLR = False  # `--no-aslr`
 TRACKED = {}  # (config, package) -> objects the garbage collector tracks as the counted loop starts
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     ap.add_argument('--base', type=Path, help="another checkout's root: its package is counted beside this one's")
     ap.add_argument('--json', type=Path, help='also write the counts here')
-    ap.add_argument('--configs', nargs='+', choices=CONFIGS, default=list(CONFIGS), help="which to count (`fastai` always: the others are read against it)")
+    ap.add_argument('--configs', nargs='+', choices=CONFIGS, default=[c for c in CONFIGS if c != 'unpatched'], help="which to count (`fastai` always: the others are read against it)")
     ap.add_argument('--repeats', type=int, default=1, help='count each configuration this many times: the table gives the median, and the spread (max - min) where more than one')
+    ap.add_argument('--no-aslr', action='store_true', help="address space randomization off (setarch -R): each count reproducible, but one layout's")
     a = ap.parse_args()
+    global NO_ASLR
+    NO_ASLR = a.no_aslr
+    if a.no_aslr and shutil.which('setarch') is None: ap.error('--no-aslr needs setarch (util-linux)')
     if a.repeats < 1: ap.error('--repeats must be at least 1')
     configs = ['fastai', *(c for c in CONFIGS if c in a.configs and c != 'fastai')]
     runs = [(c, ROOT) for c in configs] + ([(f'base:{c}', a.base.resolve()) for c in configs[1:]] if a.base else [])
