@@ -5,7 +5,7 @@ training thread's wait for a core, `cores`, and the advice: the `core_wait` rule
 collector), then what `learn.speed_find()` tried and kept for torch's threads, with each trial's median iteration; then
 the same fit on a quiet machine (no spinning process) with one torch thread, where no `core_wait` advice is expected.
 
-    python benchmarks/oversubscribed.py             # 2 busy processes; about 3 minutes on the 2-core VM
+    python benchmarks/oversubscribed.py             # 2 busy processes; about 30 s on the 2-core VM
     python benchmarks/oversubscribed.py --busy 0    # the machine as it is
 """
 import argparse, contextlib, multiprocessing as mp, os, sys, time, warnings
@@ -28,6 +28,7 @@ def busy(n:int):
         for p in ps: p.join()
 
 def profile(learn):
+    from fastxtend_prof.recorder import Cols
     learn.profile(show_report=False)
     with learn.no_logging(): learn.fit(1)
     r = learn.profile_result
@@ -35,7 +36,7 @@ def profile(learn):
     gc = [a.rule for a in r.advice if 'garbage collector' in a.suggestion and 'not the garbage collector' not in a.suggestion]
     cw = r.cores
     it = r.results[(r.results.Phase == 'train') & (r.results.Step == 'iteration')]
-    return dict(iteration_ms=round(float(it['Median Duration'].iloc[0])*1e3, 1), core_wait=round(cw.share, 3) if cw else None,
+    return dict(iteration_ms=round(float(it[Cols.MEDIAN].iloc[0])*1e3, 1), core_wait=round(cw.share, 3) if cw else None,
                 threads=cw.threads if cw else None, workers=cw.workers if cw else None, rules=rules, blames_gc=gc)
 
 def main():
