@@ -5,14 +5,15 @@
 # %% auto #0
 __all__ = ['TARGET_SHARE', 'MIN_PREDICTED', 'KNEE', 'SLACK', 'OVERSUBSCRIBE', 'SPARE', 'PROBE_BATCHES', 'PROBE_TIME', 'SAVES',
            'CHANGE_KINDS', 'REPROBES', 'STRATEGIES', 'CHANGES', 'SETTERS', 'TRIAL_COLS', 'KEEP', 'SPEED_FORMAT',
-           'RECORD_ENV', 'RECORD_COLS', 'PROBED', 'steady_times', 'predict_workers', 'loader_wait', 'Fix',
-           'TuneContext', 'tune_context', 'predict_cache', 'predict_resize_on_batch', 'predict_num_workers',
-           'predict_pin_memory', 'predict_transforms_on_device', 'predict_channels_last', 'predict_mixed_precision',
-           'predict_batch_size', 'predict_threads', 'plan', 'bound_by', 'LearnerState', 'set_num_workers',
-           'set_pin_memory', 'set_transforms_device', 'set_optimizer_flag', 'set_channels_last', 'set_mixed_precision',
-           'set_threads', 'set_batch_size', 'set_item_cache', 'batch_resize', 'set_resize_on_batch', 'probe_resize',
-           'Strategy', 'register_strategy', 'allowed', 'probe_loader', 'TrialEnd', 'set_aside', 'run_trial',
-           'without_last', 'SpeedResult', 'append_record', 'calibration', 'load_speed']
+           'RECORD_ENV', 'RECORD_COLS', 'RANGE_MIN_FIXES', 'PREDICTION_RANGE', 'PREDICTION_RANGE_ALL', 'PROBED',
+           'steady_times', 'predict_workers', 'loader_wait', 'Fix', 'TuneContext', 'tune_context', 'predict_cache',
+           'predict_resize_on_batch', 'predict_num_workers', 'predict_pin_memory', 'predict_transforms_on_device',
+           'predict_channels_last', 'predict_mixed_precision', 'predict_batch_size', 'predict_threads', 'plan',
+           'bound_by', 'LearnerState', 'set_num_workers', 'set_pin_memory', 'set_transforms_device',
+           'set_optimizer_flag', 'set_channels_last', 'set_mixed_precision', 'set_threads', 'set_batch_size',
+           'set_item_cache', 'batch_resize', 'set_resize_on_batch', 'probe_resize', 'Strategy', 'register_strategy',
+           'allowed', 'probe_loader', 'TrialEnd', 'set_aside', 'run_trial', 'without_last', 'SpeedResult',
+           'append_record', 'prediction_range', 'calibration', 'load_speed']
 
 # %% ../nbs/17_tune.ipynb #298c8c3a
 import copy, gc, json, math, os, random, time
@@ -767,8 +768,8 @@ def _per_start_batch(prof, bs0:int):
 
 # %% ../nbs/17_tune.ipynb #c86e40b3
 _KEY = (str(Phase.TRAIN), str(Step.ITERATION))
-TRIAL_COLS = ('Trial', 'Change', 'Kind', 'Changes', 'Target', 'Predicted', 'Median', 'Mean', 'Samples/s',
-              'Samples/s Low', 'Samples/s High',
+TRIAL_COLS = ('Trial', 'Change', 'Kind', 'Changes', 'Target', 'Predicted', 'Predicted Low', 'Predicted High', 'Median',
+              'Mean', 'Samples/s', 'Samples/s Low', 'Samples/s High',
               'Predicted %', *CHANGE_COLS, 'Error %', 'Accepted', 'Batches', 'Seconds', 'Note')
 
 def _measured(prof=None, block:int=1, confidence:float=CONFIDENCE) -> dict:
@@ -835,7 +836,11 @@ class SpeedResult:
         "The verdict, the table of trials and the notes as text"
         t, fmt = self.trials, lambda v: '' if v != v else format_duration(v)
         pct = lambda v: '' if v != v else f'{v:+.0f}%'
-        df = pd.DataFrame({'#': t.Trial.astype(str), 'Change': t.Change, 'Predicted': [f'{fmt(p)} ({pct(q)})' if p == p else '' for p, q in zip(t.Predicted, t['Predicted %'])],
+        df = pd.DataFrame({'#': t.Trial.astype(str), 'Change': t.Change,
+                           'Predicted': [('' if p != p else f'{fmt(p)} ({pct(q)})' if lo != lo else
+                                          f'{fmt(p)} ({pct(q)}; {fmt(lo)} to {fmt(hi)})')
+                                         for p, q, lo, hi in zip(t.Predicted, t['Predicted %'], t['Predicted Low'],
+                                                                 t['Predicted High'])],
                            'Median': t.Median.map(fmt),
                            'Samples/s': [f'{s:,.0f} ({lo:,.0f}-{hi:,.0f})' if lo == lo else (f'{s:,.0f}' if s == s else '') for s, lo, hi in zip(t['Samples/s'], t['Samples/s Low'], t['Samples/s High'])],
                            'vs start': [f'{c:+.0f}% ({lo:+.0f} to {hi:+.0f})' if lo == lo else pct(c) for c, lo,
@@ -847,7 +852,9 @@ class SpeedResult:
         fill = lambda s: fill_text(s, width)
         lines = [fill('speed_find: ' + self.verdict), text_table(df, list(df.columns), {})]
         lines += [fill(f'not tried: {n}') for n in self.notes]
-        lines.append(fill('Medians of the train iteration per batch (warmup left out); samples/s with the '
+        lines.append(fill('Medians of the train iteration per batch (warmup left out); predicted: the median the fix '
+                          'should give, against the best so far, and the range that held 80% of such trials '
+                          '(`PREDICTION_RANGE`); samples/s with the '
                           f'{CONFIDENCE:.0%} interval of the mean; '
                           'vs start: change of the mean with its interval and the test\'s p. The search took '
                           f'{self.seconds:.1f} s of its '
@@ -903,17 +910,36 @@ def append_record(res, path):
     out.to_csv(path, mode='a', header=not path.exists() or path.stat().st_size == 0, index=False)
     return path
 
+# measured ÷ predicted median iteration over the calibration record ("How right the predictions are" below): the 10th
+# and 90th percentiles, by kind of fix with `RANGE_MIN_FIXES` fixes or more in the record, else over every fix. What a
+# trial's prediction is shown with: a prediction orders the trials, the trial decides what is kept
+RANGE_MIN_FIXES = 5
+PREDICTION_RANGE = {'num_workers': (0.71, 1.74), 'cache_items': (0.71, 1.26)}  # 20 and 9 fixes
+PREDICTION_RANGE_ALL = (0.73, 1.81)  # 34 fixes
+
+def prediction_range(kind:str, predicted:float) -> tuple:
+    "`(low, high)`: where the median iteration of a trial of a `kind` fix predicted at `predicted` s landed 80% of the time"
+    lo, hi = PREDICTION_RANGE.get(kind, PREDICTION_RANGE_ALL)
+    return predicted*lo, predicted*hi
+
+def _ratio_range(ratio:pd.Series) -> tuple:
+    return tuple(float(q) for q in ratio.quantile([0.1, 0.9])) if len(ratio) else (math.nan, math.nan)
+
 def calibration(path) -> dict:
     ("How right `speed_find`'s predictions were over a record (`append_record`): the fixes measured, the median and "
-     "the worst absolute error in percent")
+     "the worst absolute error in percent, the range of measured ÷ predicted (`range`: 10th and 90th percentiles), and "
+     "the same by kind of fix (`by_kind`): what `PREDICTION_RANGE` holds")
     try: d = pd.read_csv(path)
     except (OSError, ValueError,
             UnicodeDecodeError) as e: raise ValueError(f'{path}: not a speed_find record ({type(e).__name__}: {e})') from None
     if 'error_pct' not in d: raise ValueError(f'{path}: not a speed_find record (no `error_pct` column)')
     d = d[pd.to_numeric(d.error_pct, errors='coerce').notna()]
-    e = d.error_pct.astype(float).abs()
-    return dict(fixes=len(d), median_abs_error_pct=float(e.median()) if len(e) else math.nan,
-                worst_abs_error_pct=float(e.max()) if len(e) else math.nan)
+    err = d.error_pct.astype(float)
+    def summary(e):
+        return dict(fixes=len(e), median_abs_error_pct=float(e.abs().median()) if len(e) else math.nan,
+                    worst_abs_error_pct=float(e.abs().max()) if len(e) else math.nan, range=_ratio_range(1 + e/100))
+    kinds = d.kind.astype(str) if 'kind' in d else pd.Series('', index=d.index)
+    return {**summary(err), 'by_kind': {k: summary(err[kinds == k]) for k in sorted(kinds.unique())}}
 
 def load_speed(path) -> SpeedResult:
     ("The configuration `SpeedResult.save` wrote at `path`, as a `SpeedResult` without trials: `.apply(learn)` sets "
@@ -1005,6 +1031,8 @@ def _row(i, f, m:dict, vs_start:dict, accepted, note, seconds, best_median=math.
     row = dict(Trial=i, Change='start' if f is None else f.name, Kind='' if f is None else f.kind,
                Changes='' if f is None else STRATEGIES[f.kind].changes,
                Target='' if f is None else str(f.target), Predicted=math.nan if f is None else f.predicted,
+               **dict(zip(('Predicted Low', 'Predicted High'),
+                          (math.nan, math.nan) if f is None else prediction_range(f.kind, f.predicted))),
                **{'Predicted %': math.nan if f is None else 100*(f.predicted/best_median - 1)}, **m,
                **{k: vs_start.get(k, math.nan) for k in CHANGE_COLS},
                Accepted=accepted, Seconds=seconds, Note=note)
@@ -1090,7 +1118,9 @@ def speed_find(self:Learner,
                 if late:
                     notes.append(late)
                     break
-                say(f'speed_find: trying {f.name} ({f.why}; predicted {format_duration(f.predicted)} a batch)')
+                lo, hi = prediction_range(f.kind, f.predicted)
+                say(f'speed_find: trying {f.name} ({f.why}; predicted {format_duration(f.predicted)} a batch, '
+                    f'{format_duration(lo)} to {format_duration(hi)})')
                 used += need
                 best_median = float(np.median(_per_start_batch(best, bs0).distributions[_KEY]))
                 prof, undo, err = _run_fix(self, f, batches, warmup, deadline, sync)

@@ -505,6 +505,12 @@ def test_a_fix_is_an_entry_of_the_strategy_table_and_each_trial_goes_to_the_reco
     again = learn.speed_find(max_time=60, batches=20, show=False, record=record)  # appended, one header
     cal = calibration(record)
     assert cal['fixes'] == len(res.trials) + len(again.trials) - 2 and cal['worst_abs_error_pct'] >= cal['median_abs_error_pct'] >= 0, cal
+    assert cal['by_kind']['sleep_less']['fixes'] >= 2 and len(cal['by_kind']['sleep_less']['range']) == 2, cal
+    # each trial's prediction shown with the range such trials landed in (`PREDICTION_RANGE`)
+    t = res.trials[res.trials.Trial > 0]
+    assert ((t['Predicted Low'] < t.Predicted) & (t.Predicted < t['Predicted High'])).all(), t
+    from fastxtend_prof.report import format_duration
+    assert f"{format_duration(t['Predicted Low'].iloc[0])} to {format_duration(t['Predicted High'].iloc[0])}" in res.text(), res.text()
     for text in ('', 'a,b\n1,2\n', '\x00\xff garbage'):
         (tmp_path/'bad.csv').write_text(text, encoding='latin-1')
         with pytest.raises(ValueError, match='not a speed_find record'): calibration(tmp_path/'bad.csv')
