@@ -457,6 +457,41 @@ def test_a_fix_from_outside_the_package_is_tried_kept_saved_loaded_and_applied(t
     del fastxtend_prof.tune.STRATEGIES['pause']
     with pytest.raises(ValueError, match=r"unknown fixes \['pause'\]"): load_speed(path)
 
+@pytest.mark.parametrize('p_first,again', [(0.05, True), (0.5, False)])
+def test_a_promising_trial_is_measured_again(monkeypatch, sync_mode, p_first, again):
+    """A trial not kept whose mean moved `min_change` faster than the best with p under `RETRY_P` (on a busy machine a
+    loader's waits spread a short trial so that a 2x gain came out p 0.02-0.07) is measured once more, twice as long, and
+    judged at half the level; with p over `RETRY_P` it is not. The first look is made promising and not significant here
+    (its judgement wrapped); the second is the tuner's own, on an injected clock where the fix makes the forward a tenth"""
+    from fastxtend_prof.tune import STRATEGIES, Strategy, Fix, CHANGE, P_VALUE
+    clock = ManualClock()
+    sync_mode(clock)
+    monkeypatch.setattr(fastxtend_prof.tune, 'time', SimpleNamespace(monotonic=clock, perf_counter=time.perf_counter))
+    learn = busy_learner(item=0., compute=40e-3, spend=clock.spend, n_batches=30)
+    def predict(times, ctx, allow):
+        return [Fix('sleep_less', True, Step.FORWARD, times[Step.ITERATION]/10, 'the forward sleeps')], []
+    def apply(learn, on):
+        old, learn.model.compute = learn.model.compute, learn.model.compute/10
+        return lambda: setattr(learn.model, 'compute', old)
+    monkeypatch.setitem(STRATEGIES, 'sleep_less', Strategy(predict, apply, 'speed only', lambda v: 'a shorter sleep', 'sleep less'))
+    judge, calls = fastxtend_prof.tune._judge, []
+    def first_unsure(f, prof, start, best, bs0, batches, alpha, min_change):
+        calls.append((batches, alpha))
+        ok, row, vs_best = judge(f, prof, start, best, bs0, batches, alpha, min_change)
+        if len(calls) > 1: return ok, row, vs_best
+        return False, {**row, 'Accepted': False, 'Note': 'not significantly faster'}, {**vs_best, CHANGE: -50., P_VALUE: p_first}
+    monkeypatch.setattr(fastxtend_prof.tune, '_judge', first_unsure)
+    res = learn.speed_find(max_time=60, batches=20, show=False)
+    mine = res.trials[res.trials.Kind == 'sleep_less']
+    assert learn.model.compute == 40e-3, 'the Learner was put back'
+    if again:
+        assert calls[:2] == [(20, 0.01), (40, 0.005)], calls
+        assert len(mine) == 2 and not mine.Accepted.iloc[0] and mine.Accepted.iloc[1], res.text()
+        assert 'measured again, twice as long' in mine.Note.iloc[0] and 'at level 0.005' in mine.Note.iloc[1], res.text()
+        assert mine.Batches.iloc[1] == 40 and [f.kind for f in res.fixes] == ['sleep_less'], res.text()
+    else:
+        assert calls == [(20, 0.01)] and len(mine) == 1 and not res.fixes, res.text()
+
 def test_register_strategy_refuses_what_it_cannot_use(monkeypatch):
     "A name taken, a bad name, no `keep`, an unknown `changes` or `reprobe`, a setter that is not callable: refused in one line each"
     from fastxtend_prof.tune import STRATEGIES, Strategy, register_strategy, allowed
