@@ -1141,8 +1141,8 @@ def speed_find(self:Learner,
                     undo()
                     rows.append({**row, 'Trial': len(rows), 'Seconds': time.monotonic() - t1, 'Note': row['Note'] +
                                  '; measured again, twice as long', 'Predicted %': 100*(f.predicted/best_median - 1)})
-                    say(f"speed_find: {f.name}: {row[CHANGE]:+.0f}% against the start's, p {vs_best.get(P_VALUE):.2g}: "
-                        'measured again, twice as long')
+                    say(f"speed_find: {f.name}: {format_duration(row['Mean'])} a batch on average ({row[CHANGE]:+.0f}% "
+                        f"against the start's), p {vs_best.get(P_VALUE):.2g}: measured again, twice as long")
                     used, t1 = used + 2*need, time.monotonic()
                     prof, undo, err = _run_fix(self, f, 2*batches, warmup, deadline, sync)
                     if err is not None:

@@ -1,7 +1,7 @@
 """`learn.speed_find()` on real Learners: it finds the loader workers a data-bound run needs and proves the gain, leaves a
 compute-bound run alone, survives a trial that fails, stays in its budget, and puts the Learner back so exactly that the
 training that follows is bit-identical to one without it (synthetic, vision with `aug_transforms`, tabular)."""
-import copy, json, math, random, time, warnings
+import copy, json, math, random, re, time, warnings
 from dataclasses import replace
 from functools import partial
 from types import SimpleNamespace
@@ -458,7 +458,7 @@ def test_a_fix_from_outside_the_package_is_tried_kept_saved_loaded_and_applied(t
     with pytest.raises(ValueError, match=r"unknown fixes \['pause'\]"): load_speed(path)
 
 @pytest.mark.parametrize('p_first,again', [(0.05, True), (0.5, False)])
-def test_a_promising_trial_is_measured_again(monkeypatch, sync_mode, p_first, again):
+def test_a_promising_trial_is_measured_again(monkeypatch, sync_mode, capsys, p_first, again):
     """A trial not kept whose mean moved `min_change` faster than the best with p under `RETRY_P` (on a busy machine a
     loader's waits spread a short trial so that a 2x gain came out p 0.02-0.07) is measured once more, twice as long, and
     judged at half the level; with p over `RETRY_P` it is not. The first look is made promising and not significant here
@@ -481,9 +481,14 @@ def test_a_promising_trial_is_measured_again(monkeypatch, sync_mode, p_first, ag
         if len(calls) > 1: return ok, row, vs_best
         return False, {**row, 'Accepted': False, 'Note': 'not significantly faster'}, {**vs_best, CHANGE: -50., P_VALUE: p_first}
     monkeypatch.setattr(fastxtend_prof.tune, '_judge', first_unsure)
-    res = learn.speed_find(max_time=60, batches=20, show=False)
+    res = learn.speed_find(max_time=60, batches=20, show=True)
+    out = ' '.join(capsys.readouterr().out.split())
     mine = res.trials[res.trials.Kind == 'sleep_less']
     assert learn.model.compute == 40e-3, 'the Learner was put back'
+    from fastxtend_prof.report import format_duration
+    for _, r in mine.iterrows():  # each look's progress line says its mean, as every trial's does
+        assert f"speed_find: {r['Change']}: {format_duration(r['Mean'])} a batch on average ({r['Change %']:+.0f}% against the start's)" in out, out
+    assert len(re.findall(r"speed_find: a shorter sleep: \S+ \S+ a batch on average \(", out)) == len(mine), out
     if again:
         assert calls[:2] == [(20, 0.01), (40, 0.005)], calls
         assert len(mine) == 2 and not mine.Accepted.iloc[0] and mine.Accepted.iloc[1], res.text()
