@@ -98,8 +98,8 @@ def nbytes(x) -> int:
     if torch.is_tensor(x): return x.nelement()*x.element_size()
     if isinstance(x, np.ndarray): return x.nbytes
     # a PIL image
-    if hasattr(x, 'tobytes') and hasattr(x,
-                                         'size') and hasattr(x, 'getbands'): return x.size[0]*x.size[1]*len(x.getbands())
+    if hasattr(x, 'tobytes') and hasattr(x, 'size') and hasattr(x, 'getbands'):
+        return x.size[0]*x.size[1]*len(x.getbands())
     return sys.getsizeof(x)
 
 def same_item(a, b) -> bool:
@@ -108,8 +108,8 @@ def same_item(a, b) -> bool:
     if isinstance(a, (tuple, list)): return type(a) == type(b) and len(a) == len(b) and all(map(same_item, a, b))
     if torch.is_tensor(a): return type(a) == type(b) and torch.is_tensor(b) and a.dtype == b.dtype and a.shape == b.shape and torch.equal(a, b)
     if isinstance(a, np.ndarray): return isinstance(b, np.ndarray) and a.dtype == b.dtype and np.array_equal(a, b)
-    if hasattr(a, 'tobytes') and hasattr(a,
-                                         'getbands'): return type(a) == type(b) and a.mode == b.mode and a.size == b.size and a.tobytes() == b.tobytes()
+    if hasattr(a, 'tobytes') and hasattr(a, 'getbands'):
+        return type(a) == type(b) and a.mode == b.mode and a.size == b.size and a.tobytes() == b.tobytes()
     try: return bool(a == b)
     except Exception: return False
 
@@ -146,8 +146,8 @@ def collated_anew(dl) -> bool:
     from fastai.data.load import DataLoader
     fs = getattr(getattr(dl, 'before_batch', None), 'fs', None)
     own = lambda m: m not in dl.__dict__ and getattr(type(dl), m, None) is getattr(DataLoader, m)
-    return not getattr(dl, 'prebatched',
-                       True) and fs is not None and len(fs) == 0 and own('create_batch') and own('do_batch')
+    return (not getattr(dl, 'prebatched', True) and fs is not None and len(fs) == 0
+            and own('create_batch') and own('do_batch'))
 
 def _remove(folder, pid:int|None=None, getpid=os.getpid, rmtree=shutil.rmtree):
     ("Remove `folder`, from the process `pid` only (a forked worker that exits leaves its parent's folder alone); what "
@@ -179,8 +179,8 @@ class DiskItems:
         try:
             # JSON: reading a damaged or foreign index runs nothing
             old = json.loads((self.folder/'index.json').read_text())
-            ok = isinstance(old,
-                            dict) and self.key and old.get('key') == self.key and self.path.stat().st_size == old.get('bytes')
+            ok = (isinstance(old, dict) and self.key and old.get('key') == self.key
+                  and self.path.stat().st_size == old.get('bytes'))
             if ok:
                 old['index'] = {int(s): tuple(at) for s, at in old['index'].items()}
                 if old['index']:
@@ -349,8 +349,8 @@ def cache_items(dl, budget:int=BUDGET, fill:bool=True,
      "each epoch, get the filled cache); `cache` None and `why` where it can't")
     k, why = cache_prefix(dl)
     if k is None: return (lambda: None), None, why
-    store = DiskItems(None if disk is True else disk, disk_budget,
-                      _items_key(dl, k)) if disk is not False and disk is not None else None
+    on_disk = disk is not False and disk is not None
+    store = DiskItems(None if disk is True else disk, disk_budget, _items_key(dl, k)) if on_disk else None
     cache = ItemCache(dl, k, budget, store)
     if fill:
         reused = store is not None and store.reused

@@ -140,8 +140,8 @@ class Cores(Feature):
     def finish(self, learn, tap): return None if tap is None else tap.result(learn)
     def metadata(self, cw):
         return None if cw is None else dict(train_s=cw.train_s, ran_s=cw.ran_s, queued_s=cw.queued_s, loops=cw.loops,
-                                            batches=cw.batches,
-                                            threads=cw.threads, workers=cw.workers, cores=cw.cores, running=cw.running)
+                                            batches=cw.batches, threads=cw.threads, workers=cw.workers, cores=cw.cores,
+                                            running=cw.running)
     def review(self, advice, cw, result):
         "A straggler of `unstable_steps` points at the wait for a core where `core_wait` speaks"
         if not any(a.rule == 'core_wait' for a in advice): return advice

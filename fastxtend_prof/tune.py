@@ -165,9 +165,8 @@ class TuneContext:
         ("The context of the fields of `d` (a saved `plain` or a plain dict), the others left at their defaults; a "
          "field this version does not know is left out")
         if isinstance(d, cls): return d
-        if not isinstance(d,
-                          dict): raise TypeError('a tuning context is a `TuneContext` or a dict of its fields, got '
-                                                 f'{type(d).__name__}')
+        if not isinstance(d, dict):
+            raise TypeError(f'a tuning context is a `TuneContext` or a dict of its fields, got {type(d).__name__}')
         names = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in d.items() if k in names})
 
@@ -527,8 +526,8 @@ def set_item_cache(learn, budget:int|str|None=None, every:bool=False):
     if not caches: raise ValueError(f"nothing of the loader's items can be cached: {'; '.join(notes)}")
     return undo
 
-def _fastai_class(f,
-                  name:str) -> bool: return any(c.__name__ == name and c.__module__ == 'fastai.vision.augment' for c in type(f).__mro__)
+def _fastai_class(f, name:str) -> bool:
+    return any(c.__name__ == name and c.__module__ == 'fastai.vision.augment' for c in type(f).__mro__)
 
 def batch_resize(dl) -> tuple:
     ("`(resize, affine, why)`: the item `Resize` of fastai DataLoader `dl`, and the batch transform that can resize on "
@@ -759,9 +758,8 @@ def without_last(prof):
     ("`prof` without its last train batch: the one the stop cut, whose time runs on through the loader's teardown (its "
      "workers' shutdown)")
     train = str(Phase.TRAIN)
-    return replace(prof,
-                   distributions={k: v[:-1] if k[0] == train and isinstance(v, np.ndarray) else v for k,
-                                  v in prof.distributions.items()})
+    return replace(prof, distributions={k: v[:-1] if k[0] == train and isinstance(v, np.ndarray) else v
+                                        for k, v in prof.distributions.items()})
 
 def _per_start_batch(prof, bs0:int):
     "`prof` with its per-batch durations rescaled to `bs0` samples a batch: how a batch-size trial is compared"
@@ -847,8 +845,8 @@ class SpeedResult:
                                                                  t['Predicted High'])],
                            'Median': t.Median.map(fmt),
                            'Samples/s': [f'{s:,.0f} ({lo:,.0f}-{hi:,.0f})' if lo == lo else (f'{s:,.0f}' if s == s else '') for s, lo, hi in zip(t['Samples/s'], t['Samples/s Low'], t['Samples/s High'])],
-                           'vs start': [f'{c:+.0f}% ({lo:+.0f} to {hi:+.0f})' if lo == lo else pct(c) for c, lo,
-                                        hi in zip(t[CHANGE], t[CI_LOW], t[CI_HIGH])],
+                           'vs start': [f'{c:+.0f}% ({lo:+.0f} to {hi:+.0f})' if lo == lo else pct(c)
+                                        for c, lo, hi in zip(t[CHANGE], t[CI_LOW], t[CI_HIGH])],
                            'p': t[P_VALUE].map(lambda v: '' if v != v else f'{v:.2g}'),
                            'Kept': ['' if i == 0 else 'yes' if a else 'no' for i, a in zip(t.Trial, t.Accepted)],
                            'Note': t.Note})
@@ -934,8 +932,8 @@ def calibration(path) -> dict:
      "the worst absolute error in percent, the range of measured ÷ predicted (`range`: 10th and 90th percentiles), and "
      "the same by kind of fix (`by_kind`): what `PREDICTION_RANGE` holds")
     try: d = pd.read_csv(path)
-    except (OSError, ValueError,
-            UnicodeDecodeError) as e: raise ValueError(f'{path}: not a speed_find record ({type(e).__name__}: {e})') from None
+    except (OSError, ValueError, UnicodeDecodeError) as e:
+        raise ValueError(f'{path}: not a speed_find record ({type(e).__name__}: {e})') from None
     if 'error_pct' not in d: raise ValueError(f'{path}: not a speed_find record (no `error_pct` column)')
     d = d[pd.to_numeric(d.error_pct, errors='coerce').notna()]
     err = d.error_pct.astype(float)
@@ -949,8 +947,8 @@ def load_speed(path) -> SpeedResult:
     ("The configuration `SpeedResult.save` wrote at `path`, as a `SpeedResult` without trials: `.apply(learn)` sets "
      "it; a file of another kind is refused in one line")
     try: d = json.loads(Path(path).read_text())
-    except (OSError,
-            ValueError) as e: raise ValueError(f'{path}: not a speed_find configuration ({type(e).__name__}: {e})') from None
+    except (OSError, ValueError) as e:
+        raise ValueError(f'{path}: not a speed_find configuration ({type(e).__name__}: {e})') from None
     if not isinstance(d, dict) or d.get('format') != SPEED_FORMAT or not isinstance(d.get('fixes'), list):
         raise ValueError(f'{path}: not a speed_find configuration (format {SPEED_FORMAT!r} expected)')
     bad = [f.get('kind') if isinstance(f, dict) else f for f in d['fixes'] if not isinstance(f, dict) or f.get('kind') not in STRATEGIES]
@@ -961,8 +959,8 @@ def load_speed(path) -> SpeedResult:
     if wrong: raise ValueError(f'{path}: not a speed_find configuration (values out of range: {", ".join(wrong)})')
     fixes = [Fix(f['kind'], f['value'], f.get('target', ''), f.get('predicted', math.nan), f.get('why', '')) for f in d['fixes']]
     start = d.get('start') or {}
-    if not isinstance(start,
-                      dict): raise ValueError(f'{path}: not a speed_find configuration (its `start` is not an object)')
+    if not isinstance(start, dict):
+        raise ValueError(f'{path}: not a speed_find configuration (its `start` is not an object)')
     return SpeedResult(pd.DataFrame(columns=list(TRIAL_COLS)), fixes, d.get('verdict', ''),
                        start=TuneContext.read(start))
 
@@ -989,8 +987,8 @@ def _probe(learn, ctx:TuneContext, deadline:float, items:bool=True, allow=()):
     ("Into `ctx`: the train loader alone (`probe_loader`: the share it computes, its time a batch) and, with `items`, "
      "what caching its items would save (`probe_cache`) and, where allowed, moving its resize to the batch "
      "(`probe_resize`)")
-    ctx.loader_share, ctx.loader_batch = probe_loader(learn,
-                                                      max_time=min(PROBE_TIME, max(0., deadline - time.monotonic())/10))
+    left = max(0., deadline - time.monotonic())
+    ctx.loader_share, ctx.loader_batch = probe_loader(learn, max_time=min(PROBE_TIME, left/10))
     ctx.probed = True
     if items:
         pc = probe_cache(learn.dls.train)
