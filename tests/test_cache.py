@@ -335,18 +335,22 @@ def test_speed_find_keeps_the_disk_cache_where_memory_holds_a_third(jpegs, monke
     row = res.trials.set_index('Kind').loc['cache_items']
     assert row['Accepted'] and row['Change'] == 'item cache in memory and on disk' and 'disk=True' in res.apply_text(), res.text()
     k = learn.dls.train.fake_l.num_workers
-    medians, kept = {}, {}
+    # the three measured with decoding sleeping 60 ms: what each cache skips doubled against the compute's swings under
+    # load (at 30 ms, CI's run saw the memory cache save 29 ms of the 77 ms it skips); the mean, not the median, as over
+    # the trial's 2.2 epochs it holds each cached item's skip (a median batch's share of cached items swings 1 to 4 of 8)
+    monkeypatch.setitem(DECODE, 's', 60e-3)
+    means, kept = {}, {}
     for name, disk in (('none', None), ('memory', False), ('disk', True)):
         trial = jpeg_learner(jpegs, get_x=sleepy_open)
         undo, caches, _ = cache_loaders(trial, fc.BUDGET, [trial.dls.train], disk=disk) if disk is not None else ((lambda: None), {}, [])
         kept[name] = len(caches[0].store)/len(trial.dls.train.dataset) if caches else 0.  # the share of the items kept in memory
-        with trial.removed_cbs(set_aside(trial)): medians[name] = _measured(run_trial(trial, 20, 2, time.monotonic() + 120))['Median']
+        with trial.removed_cbs(set_aside(trial)): means[name] = _measured(run_trial(trial, 20, 2, time.monotonic() + 120))['Mean']
         undo()
-    with capsys.disabled(): print(f"\nJPEG pipeline, decoding sleeping 30 ms, memory for {kept['memory']:.0%} of the items: a batch "
-                                  f"{medians['none']*1e3:.0f} ms without the cache, {medians['memory']*1e3:.0f} ms with the memory cache, "
-                                  f"{medians['disk']*1e3:.0f} ms with memory and disk")
-    batch = 8*30e-3  # seconds of emulated decoding a batch: each cache must show at least half of what it skips, whatever the load
-    assert medians['none'] - medians['memory'] > 0.5*kept['memory']*batch, (medians, kept)
-    assert medians['memory'] - medians['disk'] > 0.5*(1 - kept['memory'])*batch, (medians, kept)
+    with capsys.disabled(): print(f"\nJPEG pipeline, decoding sleeping 60 ms, memory for {kept['memory']:.0%} of the items: a batch (mean) "
+                                  f"{means['none']*1e3:.0f} ms without the cache, {means['memory']*1e3:.0f} ms with the memory cache, "
+                                  f"{means['disk']*1e3:.0f} ms with memory and disk")
+    batch = 8*60e-3  # seconds of emulated decoding a batch: each cache must show at least half of what it skips, whatever the load
+    assert means['none'] - means['memory'] > 0.5*kept['memory']*batch, (means, kept)
+    assert means['memory'] - means['disk'] > 0.5*(1 - kept['memory'])*batch, (means, kept)
     monkeypatch.setitem(DECODE, 's', 0.)
     assert same(fitted(jpeg_learner(jpegs, k, get_x=sleepy_open)), fitted(learn))  # `apply=True`: on every loader
