@@ -215,6 +215,7 @@ class DiskItems:
     def __len__(self): return len(self.index)
     # a loader sent to spawned workers is pickled
     def __getstate__(self): return {**self.__dict__, '_mm': None, '_gone': None}
+    @property
     def full(self) -> bool: return self.bytes >= self.budget
     def reset(self):
         "Start the file anew, the index a folder given held removed (what an earlier cache left there was not the same)"
@@ -278,7 +279,7 @@ class ItemCache:
         x = self.store.get(s)
         return x if x is not None or self.disk is None else self.disk.get(s)
     @property
-    def full(self) -> bool: return self.bytes >= self.budget and (self.disk is None or self.disk.full())
+    def full(self) -> bool: return self.bytes >= self.budget and (self.disk is None or self.disk.full)
     def get(self, s):
         "Item `s` after the cached transforms: a copy of the kept one (its draws replayed), else made"
         x, fresh = self.store.get(s), False

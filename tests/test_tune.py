@@ -18,7 +18,7 @@ from fastai.callback.core import Callback
 from fastai.callback.schedule import fit_one_cycle  # noqa: F401  (adds Learner.fit_one_cycle)
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile and Learner.speed_find)
 import fastxtend_prof.tune
-from fastxtend_prof.tune import (plan, predict_workers, tune_context, steady_times, SETTERS, LearnerState, set_aside, set_num_workers,
+from fastxtend_prof.tune import (plan, predict_workers, RECEIVE, tune_context, steady_times, SETTERS, LearnerState, set_aside, set_num_workers,
                                  run_trial, cores, probe_loader)
 from fastxtend_prof.stages import WAITING
 from fastxtend_prof.testing import busy_cores
@@ -80,7 +80,7 @@ def test_data_bound_run_gets_workers_and_proof(capsys, monkeypatch):
     # The loader read as computing, so the workers stay within the cores: the prediction this test holds to 30%. Beyond the
     # cores (a loader that waits) the prediction is a quiet machine's: on 2 loaded cores 8 workers measured 14.9 ms a batch
     # against 8.4 predicted. That case is `test_speed_find_gives_a_waiting_loader_more_workers_than_cores`.
-    monkeypatch.setattr(fastxtend_prof.tune, 'probe_loader', lambda learn, **kw: (1., math.nan))
+    monkeypatch.setattr(fastxtend_prof.tune, 'probe_loader', lambda learn, **kw: (1., math.nan, 0.))
     monkeypatch.setattr(fastxtend_prof.tune, 'SPARE', 0)  # workers within the cores: a spare worker on sleeping items beats the cores' bound
     # Items that sleep 5 ms: loader workers that spin would take the cores the main process's compute needs, and on a busy
     # machine (CI runs under load, test processes beside spinning ones) 2 workers then measured 37% slower than predicted.
@@ -308,22 +308,25 @@ def test_a_loader_that_computes_gets_a_spare_worker(monkeypatch):
 
 def test_a_waiting_loader_is_planned_workers_with_headroom(monkeypatch):
     """A loader that waits: the count is chosen as if loading took `SLACK` times longer, so the workers run ahead of the loop
-    instead of only just keeping up (on this 2-core VM the sweep's best was 6 to 8 workers and the knee without headroom
-    chose 5 or 6, 89-93% of the best in one run of three); the prediction shown is without the headroom"""
+    instead of only just keeping up; the prediction shown is without the headroom, and no faster than the loop's own work
+    and its taking each batch from a worker (`RECEIVE`): 12 ms of loading, 3 ms of the loop's own, 4 workers (3 without
+    the headroom) and 5 ms predicted"""
     times, ctx = {Step.ITERATION: 0.015, Step.WAIT: 0.012, Step.FORWARD: 0.003}, {**GPU_CTX, 'device': 'cpu', 'cores': 2, 'num_workers': 0, 'loader_share': 0.1}
     fixes, _ = plan(times, ctx)
-    assert [(f.kind, f.value) for f in fixes] == [('num_workers', 6)] and fixes[0].predicted == pytest.approx(0.003)
+    assert [(f.kind, f.value) for f in fixes] == [('num_workers', 4)] and fixes[0].predicted == pytest.approx(0.003 + RECEIVE)
     monkeypatch.setattr(fastxtend_prof.tune, 'SLACK', 1.)
-    assert [f.value for f in plan(times, ctx)[0]] == [5]
+    assert [f.value for f in plan(times, ctx)[0]] == [3]
+    monkeypatch.setattr(fastxtend_prof.tune, 'RECEIVE', 0.)  # the loop's floor without the hand-over: more workers, faster
+    assert [f.value for f in plan(times, ctx)[0]] == [5] and plan(times, ctx)[0][0].predicted == pytest.approx(0.003)
 
-@pytest.mark.parametrize('share,k,top', [(0.1, 8, 8), (0.3, 5, 6), (0.6, 3, 2), (math.nan, 3, 2)])
+@pytest.mark.parametrize('share,k,top', [(0.1, 6, 8), (0.3, 5, 6), (0.6, 3, 2), (math.nan, 3, 2)])
 def test_a_loader_that_waits_is_planned_more_workers_than_cores(share, k, top):
     "The loader alone computes `share` of its time: the cores bound counts only that share, and up to n/share workers (4 a core, `top`) are considered; the fewest within `KNEE` of the best prediction with headroom (`k`) are planned, and a spare worker where the cores bound a loader that computes"
     times, ctx = {Step.ITERATION: 0.013, Step.WAIT: 0.012, Step.FORWARD: 0.001}, {**GPU_CTX, 'device': 'cpu', 'cores': 2, 'num_workers': 0}
     fixes, _ = plan(times, {**ctx, 'loader_share': share})
     assert [(f.kind, f.value) for f in fixes] == [('num_workers', k)]
     if share < WAITING: assert fixes[0].predicted == pytest.approx(predict_workers(0.012, 0.013, 0, k, 2, share)) and 'waits the rest' in fixes[0].why
-    assert predict_workers(0.012, 0.013, 0, 8, 2, 0.1) == pytest.approx(0.013/8)  # the workers bound it: the cores need only (1.2 + 1 + 1)/2 ms
+    assert predict_workers(0.012, 0.013, 0, 8, 2, 0.1) == pytest.approx(0.001 + RECEIVE)  # the loop's own work and its taking each batch bound it: 8 workers make one every 1.6 ms, the cores need (1.2 + 1 + 1)/2 ms
     fixes, notes = plan(times, {**ctx, 'num_workers': top, 'loader_share': share})
     assert not any(f.kind == 'num_workers' for f in fixes) and any(n.startswith(f'num_workers: already {top}') for n in notes)
 
@@ -348,12 +351,22 @@ def test_the_probe_tells_a_waiting_loader_from_a_computing_one():
     for learn in (sleepy, spinning): set_num_workers(learn, 3)
     got = []
     for n in (0, 4):
-        with busy_cores(n): (s, sb), (c, cb) = probe_loader(sleepy), probe_loader(spinning)
+        with busy_cores(n): (s, sb, _), (c, cb, _) = probe_loader(sleepy), probe_loader(spinning)
         assert s < 0.2 and c > 0.8, (n, s, c)
         assert sb >= 8*10e-3 and cb >= 8*10e-3, (sb, cb)  # its seconds a batch: 8 items of 10 ms at least
         got.append((s, c))
     assert abs(got[0][0] - got[1][0]) < 0.1 and abs(got[0][1] - got[1][1]) < 0.1, got
     assert [dl.fake_l.num_workers for dl in sleepy.dls.loaders] == [3, 3]
+    # the batch transforms' own seconds (the loop runs them, whatever the workers): a transform that sleeps 5 ms a batch
+    dl, tfms = sleepy.dls.train, sleepy.dls.train.after_batch
+    def slow(b):
+        time.sleep(5e-3)
+        return tfms(b)
+    dl.after_batch = slow
+    s, sb, main = probe_loader(sleepy)
+    assert 5e-3 <= main < 6e-3 + 0.1*sb and sb >= 8*10e-3 + 5e-3 and dl.after_batch is slow, (main, sb)
+    dl.after_batch = tfms
+    assert probe_loader(sleepy)[2] < 2e-3 and dl.__dict__['after_batch'] is tfms
     with pytest.raises(TypeError, match='fastai DataLoader'):
         probe_loader(type('L', (), {'dls': type('D', (), {'train': torch.utils.data.DataLoader(range(4))})()})())
 
