@@ -1135,6 +1135,12 @@ def speed_find(self:Learner,
                 rows.append(_row(len(rows), f, _measured(), {}, False, f'failed: {_brief(err)}', time.monotonic() - t1,
                                  best_median))
                 say(f'speed_find: {f.name} failed ({_brief(err)}); the Learner will be put back')
+            def measured(f, row:dict, t1:float, best_median:float, outcome:str, note:str=''):
+                "A trial measured: its row and its line, with its mean a batch against the start's and `outcome`"
+                rows.append({**row, 'Trial': len(rows), 'Seconds': time.monotonic() - t1, 'Note': row['Note'] + note,
+                             'Predicted %': 100*(f.predicted/best_median - 1)})
+                say(f"speed_find: {f.name}: {format_duration(row['Mean'])} a batch on average ({row[CHANGE]:+.0f}% "
+                    f"against the start's), {outcome}")
             while m['Batches'] >= 2:
                 todo, why_not = plan(steady_times(best.results),
                                      replace(tune_context(self), **{k: getattr(ctx0, k) for k in PROBED},
@@ -1163,10 +1169,8 @@ def speed_find(self:Learner,
                         and not _out_of_budget(f, used, 2*need, max_batches, overhead, deadline)):
                     # promising, not significant: once more, twice as long, at half the level (`RETRY_P`)
                     undo()
-                    rows.append({**row, 'Trial': len(rows), 'Seconds': time.monotonic() - t1, 'Note': row['Note'] +
-                                 '; measured again, twice as long', 'Predicted %': 100*(f.predicted/best_median - 1)})
-                    say(f"speed_find: {f.name}: {format_duration(row['Mean'])} a batch on average ({row[CHANGE]:+.0f}% "
-                        f"against the start's), p {vs_best.get(P_VALUE):.2g}: measured again, twice as long")
+                    measured(f, row, t1, best_median, f'p {vs_best.get(P_VALUE):.2g}: measured again, twice as long',
+                             '; measured again, twice as long')
                     used, t1 = used + 2*need, time.monotonic()
                     prof, undo, err = _run_fix(self, f, 2*batches, warmup, deadline, sync)
                     if err is not None:
@@ -1175,9 +1179,7 @@ def speed_find(self:Learner,
                         continue
                     ok, row, _ = _judge(f, prof, start, best, bs0, 2*batches, alpha/2, min_change)
                     row['Note'] += f' (measured again, at level {alpha/2:g})'
-                rows.append({**row, 'Trial': len(rows), 'Seconds': time.monotonic() - t1, 'Predicted %': 100*(f.predicted/best_median - 1)})
-                say(f"speed_find: {f.name}: {format_duration(row['Mean'])} a batch on average ({row[CHANGE]:+.0f}% "
-                    f"against the start's), {'kept' if ok else 'not kept'}")
+                measured(f, row, t1, best_median, 'kept' if ok else 'not kept')
                 if ok:
                     # more workers after fewer: the last count is the fix
                     undos.append(undo); fixes = [g for g in fixes if g.kind != f.kind] + [f]; best = prof
