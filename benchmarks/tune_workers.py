@@ -1,9 +1,9 @@
-"""How good `speed_find`'s worker prediction is: measured medians of the train iteration against the prediction.
+"""How good `speed_find`'s worker prediction is: measured means of the train iteration against the prediction.
 
 The run of the issue and of `tests/test_tune.py`: items that busy-wait `--item` seconds each, batches of `--bs`, a model
 whose forward busy-waits `--compute` seconds. For each worker count it runs `--repeats` profiled trials (the tuner's own
 `run_trial`, workers set in place, interleaved so a busy spell hits every count alike) and prints the median over the
-repeats of each trial's median train iteration, next to what `predict_workers` says from the 0-worker trial. Then it
+repeats of each trial's mean train iteration (the batch over it is the samples/s), next to what `predict_workers` says from the 0-worker trial. Then it
 runs `learn.speed_find()` once and prints its table.
 
     python benchmarks/tune_workers.py                      # 0..3 workers, 5 repeats
@@ -23,7 +23,7 @@ def main():
     p.add_argument('--repeats', type=int, default=5)
     a = p.parse_args()
     import fastxtend_prof.all  # noqa: F401
-    from fastxtend_prof.tune import run_trial, steady_times, predict_workers, set_num_workers, cores, LearnerState, set_aside
+    from fastxtend_prof.tune import run_trial, steady_times, predict_workers, set_num_workers, cores, LearnerState, set_aside, _measured
     from fastxtend_prof.recorder import Step
     import test_tune as t
     t.BS = a.bs
@@ -36,15 +36,14 @@ def main():
                 undo = set_num_workers(learn, k)
                 prof = run_trial(learn, 40, 3, math.inf)
                 undo()
-                times = steady_times(prof.results)
-                medians[k].append(times)
+                medians[k].append((steady_times(prof.results), _measured(prof)['Mean']))
     state.restore()
-    it = np.median([m[Step.ITERATION] for m in medians[0]])
-    wait = np.median([m[Step.WAIT] for m in medians[0]])
-    print(f'items {a.item*1e3:g} ms, bs {a.bs}, compute {a.compute*1e3:g} ms, {cores()} cores, {a.repeats} repeats (medians of each trial\'s median)')
+    it = np.median([m[Step.ITERATION] for m, _ in medians[0]])
+    wait = np.median([m[Step.WAIT] for m, _ in medians[0]])
+    print(f'items {a.item*1e3:g} ms, bs {a.bs}, compute {a.compute*1e3:g} ms, {cores()} cores, {a.repeats} repeats (medians of each trial\'s mean)')
     print(f"{'workers':>8} {'measured':>10} {'predicted':>10} {'error':>7}")
     for k, ms in medians.items():
-        meas = np.median([m[Step.ITERATION] for m in ms])
+        meas = np.median([mean for _, mean in ms])
         pred = predict_workers(wait, it, 0, k, cores())
         print(f'{k:>8} {meas*1e3:>8.2f}ms {pred*1e3:>8.2f}ms {100*(meas/pred - 1):>+6.0f}%')
     print()

@@ -20,7 +20,7 @@ import fastxtend_prof.all  # noqa: F401  (adds Learner.profile and Learner.speed
 import fastxtend_prof.tune
 from fastxtend_prof.tune import (plan, predict_workers, RECEIVE, tune_context, steady_times, SETTERS, LearnerState, set_aside, set_num_workers,
                                  run_trial, cores, probe_loader)
-from fastxtend_prof.stages import WAITING
+from fastxtend_prof.stages import WAITING, HANDOFF
 from fastxtend_prof.testing import busy_cores
 from fastxtend_prof.recorder import Step
 from conftest import busy, ManualClock
@@ -291,16 +291,18 @@ def test_worker_prediction_knows_the_cores():
     times = {Step.ITERATION: 0.013, Step.WAIT: 0.012, Step.FORWARD: 0.001}
     fixes, _ = plan(times, {**GPU_CTX, 'device': 'cpu', 'cores': 2, 'num_workers': 0})
     assert fixes[0].kind == 'num_workers' and fixes[0].value == 3 and 'the 2 cores bound it' in fixes[0].why  # the cores and a spare
-    assert fixes[0].predicted == pytest.approx(0.007)
+    assert fixes[0].predicted == pytest.approx(predict_workers(0.012, 0.013, 0, 3, 2))  # the spare's own prediction
     fixes, notes = plan(times, {**GPU_CTX, 'device': 'cpu', 'cores': 2, 'num_workers': 2})
     assert not any(f.kind == 'num_workers' for f in fixes) and any('2 cores' in n for n in notes)
 
 def test_a_loader_that_computes_gets_a_spare_worker(monkeypatch):
-    """The cores bound a loader that computes: the prediction is the same for 2 workers on 2 cores as for 3, and 3 are planned,
-    since batches come back in order and a worker the scheduler sets aside holds up those behind it (on this 2-core VM the
-    sweep measured 3 workers 2-9% faster than 2 in eight runs of nine, even in the ninth: `benchmarks/speed_find_sweep.py`)"""
+    """The cores bound a loader that computes: 2 workers on 2 cores are predicted at the cores' bound, 3 no faster (the
+    loop's share of the cores shrinks), and 3 are planned, since batches come back in order and a worker the scheduler
+    sets aside holds up those behind it (on this 2-core VM the sweep measured 3 workers 2-9% faster than 2 in eight runs
+    of nine, even in the ninth: `benchmarks/speed_find_sweep.py`)"""
     times, ctx = {Step.ITERATION: 0.013, Step.WAIT: 0.012, Step.FORWARD: 0.001}, {**GPU_CTX, 'device': 'cpu', 'cores': 2, 'num_workers': 0}
-    assert predict_workers(0.012, 0.013, 0, 2, 2) == predict_workers(0.012, 0.013, 0, 3, 2)
+    assert predict_workers(0.012, 0.013, 0, 2, 2) == pytest.approx((0.012 + HANDOFF + 0.001)/2)
+    assert predict_workers(0.012, 0.013, 0, 3, 2) == pytest.approx(0.001 + RECEIVE + (0.012 + HANDOFF)*2/(3*2))
     assert [f.value for f in plan(times, ctx)[0]] == [3]
     assert [f.value for f in plan(times, {**ctx, 'n_batches': 2})[0]] == [2]  # never more workers than batches
     monkeypatch.setattr(fastxtend_prof.tune, 'SPARE', 0)
@@ -553,8 +555,8 @@ def test_a_fix_is_an_entry_of_the_strategy_table_and_each_trial_goes_to_the_reco
     rec = pd.read_csv(record)  # a line per fix measured (on a busy machine the loader's wait may get a trial of workers too)
     assert len(rec) == len(res.trials) - 1 and list(rec.fix) == list(res.trials.Change[1:]) and list(rec.kind) == list(res.trials.Kind[1:])
     mine, row = rec[rec.kind == 'sleep_less'].iloc[0], res.trials.set_index('Kind').loc['sleep_less']
-    assert mine.fix == 'a shorter sleep' and mine.kept and mine.predicted_s == pytest.approx(row.Predicted) and mine.measured_s == pytest.approx(row.Median)
-    assert mine.error_pct == pytest.approx(100*(row.Median/row.Predicted - 1))
+    assert mine.fix == 'a shorter sleep' and mine.kept and mine.predicted_s == pytest.approx(row.Predicted) and mine.measured_s == pytest.approx(row.Mean)
+    assert mine.error_pct == pytest.approx(100*(row.Mean/row.Predicted - 1)) and mine.median_s == pytest.approx(row.Median)
     again = learn.speed_find(max_time=60, batches=20, show=False, record=record)  # appended, one header
     cal = calibration(record)
     assert cal['fixes'] == len(res.trials) + len(again.trials) - 2 and cal['worst_abs_error_pct'] >= cal['median_abs_error_pct'] >= 0, cal
