@@ -949,7 +949,7 @@ PREDICTION_RANGE = {'num_workers': (0.93, 1.61), 'cache_items': (0.5, 1.37)}  # 
 PREDICTION_RANGE_ALL = (0.78, 1.63)  # 74 fixes
 
 def prediction_range(kind:str, predicted:float) -> tuple:
-    "`(low, high)`: where the median iteration of a trial of a `kind` fix predicted at `predicted` s landed 80% of the time"
+    "`(low, high)`: where the mean iteration of a trial of a `kind` fix predicted at `predicted` s landed 80% of the time"
     lo, hi = PREDICTION_RANGE.get(kind, PREDICTION_RANGE_ALL)
     return predicted*lo, predicted*hi
 
@@ -1048,7 +1048,7 @@ def _run_fix(learn, f, batches:int, warmup:int, deadline:float, sync:str) -> tup
         if undo is not None: undo()
         return None, None, e
 
-def _judge(f, prof, start, best, bs0:int, batches:int, alpha:float, min_change:float) -> tuple:
+def _judge(f, prof, start, best, bs0:int, batches:int, alpha:float, min_change:float, best_mean:float) -> tuple:
     ("`(kept, row, vs_best)`: the trial `prof` of `f` against the start and the best so far, kept when significantly "
      "faster than the best")
     judge = lambda x, y: _iteration_row(compare_profiles(_per_start_batch(x, bs0), _per_start_batch(y, bs0), alpha=alpha, min_change=min_change,
@@ -1060,7 +1060,7 @@ def _judge(f, prof, start, best, bs0:int, batches:int, alpha:float, min_change:f
     note = ('kept' if ok else f"{vs_best.get(CHANGE, math.nan):+.0f}% against the best so far: not significantly faster"
             if best is not start else 'not significantly faster')
     if mp['Batches'] < batches: note += f" (cut short by the budget: {mp['Batches']} batches)"
-    return ok, _row(0, f, mp, vs_start, ok, note, 0.), vs_best
+    return ok, _row(0, f, mp, vs_start, ok, note, 0., best_mean), vs_best
 
 def _row(i, f, m:dict, vs_start:dict, accepted, note, seconds, best_mean=math.nan) -> dict:
     row = dict(Trial=i, Change='start' if f is None else f.name, Kind='' if f is None else f.kind,
@@ -1146,10 +1146,9 @@ def speed_find(self:Learner,
                 rows.append(_row(len(rows), f, _measured(), {}, False, f'failed: {_brief(err)}', time.monotonic() - t1,
                                  best_mean))
                 say(f'speed_find: {f.name} failed ({_brief(err)}); the Learner will be put back')
-            def measured(f, row:dict, t1:float, best_mean:float, outcome:str, note:str=''):
+            def measured(f, row:dict, t1:float, outcome:str, note:str=''):
                 "A trial measured: its row and its line, with its mean a batch against the start's and `outcome`"
-                rows.append({**row, 'Trial': len(rows), 'Seconds': time.monotonic() - t1, 'Note': row['Note'] + note,
-                             'Predicted %': 100*(f.predicted/best_mean - 1)})
+                rows.append({**row, 'Trial': len(rows), 'Seconds': time.monotonic() - t1, 'Note': row['Note'] + note})
                 say(f"speed_find: {f.name}: {format_duration(row['Mean'])} a batch on average ({row[CHANGE]:+.0f}% "
                     f"against the start's), {outcome}")
             while m['Batches'] >= 2:
@@ -1175,12 +1174,12 @@ def speed_find(self:Learner,
                     failed(f, err, t1, best_mean)
                     del err; gc.collect()  # the last hold on the failed loader and its workers
                     continue
-                ok, row, vs_best = _judge(f, prof, start, best, bs0, batches, alpha, min_change)
+                ok, row, vs_best = _judge(f, prof, start, best, bs0, batches, alpha, min_change, best_mean)
                 if (not ok and vs_best.get(CHANGE, 0) <= -min_change and vs_best.get(P_VALUE, 1) < RETRY_P
                         and not _out_of_budget(f, used, 2*need, max_batches, overhead, deadline)):
                     # promising, not significant: once more, twice as long, at half the level (`RETRY_P`)
                     undo()
-                    measured(f, row, t1, best_mean, f'p {vs_best.get(P_VALUE):.2g}: measured again, twice as long',
+                    measured(f, row, t1, f'p {vs_best.get(P_VALUE):.2g}: measured again, twice as long',
                              '; measured again, twice as long')
                     used, t1 = used + 2*need, time.monotonic()
                     prof, undo, err = _run_fix(self, f, 2*batches, warmup, deadline, sync)
@@ -1188,9 +1187,9 @@ def speed_find(self:Learner,
                         failed(f, err, t1, best_mean)
                         del err; gc.collect()
                         continue
-                    ok, row, _ = _judge(f, prof, start, best, bs0, 2*batches, alpha/2, min_change)
+                    ok, row, _ = _judge(f, prof, start, best, bs0, 2*batches, alpha/2, min_change, best_mean)
                     row['Note'] += f' (measured again, at level {alpha/2:g})'
-                measured(f, row, t1, best_mean, 'kept' if ok else 'not kept')
+                measured(f, row, t1, 'kept' if ok else 'not kept')
                 if ok:
                     # more workers after fewer: the last count is the fix
                     undos.append(undo); fixes = [g for g in fixes if g.kind != f.kind] + [f]; best = prof

@@ -490,9 +490,9 @@ def test_a_promising_trial_is_measured_again(monkeypatch, sync_mode, capsys, p_f
         return lambda: setattr(learn.model, 'compute', old)
     monkeypatch.setitem(STRATEGIES, 'sleep_less', Strategy(predict, apply, 'speed only', lambda v: 'a shorter sleep', 'sleep less'))
     judge, calls = fastxtend_prof.tune._judge, []
-    def first_unsure(f, prof, start, best, bs0, batches, alpha, min_change):
+    def first_unsure(f, prof, start, best, bs0, batches, alpha, min_change, *rest):
         calls.append((batches, alpha))
-        ok, row, vs_best = judge(f, prof, start, best, bs0, batches, alpha, min_change)
+        ok, row, vs_best = judge(f, prof, start, best, bs0, batches, alpha, min_change, *rest)
         if len(calls) > 1: return ok, row, vs_best
         return False, {**row, 'Accepted': False, 'Note': 'not significantly faster'}, {**vs_best, CHANGE: -50., P_VALUE: p_first}
     monkeypatch.setattr(fastxtend_prof.tune, '_judge', first_unsure)
