@@ -148,7 +148,7 @@ def test_speed_find_caches_a_slow_decoding_and_keeps_it_bit_identical(pngs, tmp_
     path = tmp_path/'speed.json'
     res = learn.speed_find(max_time=120, batches=20, show=False, apply=True, save=path)
     assert [f.kind for f in res.fixes][:1] == ['cache_items'], res.text()
-    row = res.trials.set_index('Change').loc['item cache']
+    row = res.trials[res.trials.Change == 'item cache'].iloc[-1]  # its last look: a promising first look is measured again (`RETRY_P`)
     assert row['Accepted'] and res.trials.Median[0] > 2*row['Median'], res.text()
     assert 'cache_loaders' in res.apply_text()
     # workers, where a busy machine made them worth keeping too, draw the random item transforms in their own processes
