@@ -56,8 +56,9 @@ MIN_PREDICTED = 5.0  # percent: a fix predicted to save less is not tried (unles
 RETRY_P = 0.2
 KNEE = 1.05  # num_workers: the fewest workers whose predicted iteration is within 5% of the best prediction ...
 # ... for a loader that waits, with its time counted this many times over: batches come back in order, so workers that
-# only just keep up leave the loop waiting for every late one
-SLACK = 1.25
+# only just keep up leave the loop waiting for every late one (in six interleaved comparisons of 3 to 6 workers on the
+# storage-bound loader of `speed_find_sweep.py`, 1.25 chose 3: 4-11% slower than the best every time; 1.5 chooses 4: 0-8%)
+SLACK = 1.5
 # num_workers: seconds a batch the loop spends taking each batch from a worker, however far ahead the workers are (its
 # tensors' shared memory received from the worker, unpickled; the next indices sent): the loop's wait with workers that
 # keep up, 1.7-2.5 ms a batch of two tensors measured on the 2-core VM, quiet or beside a test run

@@ -321,7 +321,7 @@ def test_a_waiting_loader_is_planned_workers_with_headroom(monkeypatch):
     monkeypatch.setattr(fastxtend_prof.tune, 'RECEIVE', 0.)  # the loop's floor without the hand-over: more workers, faster
     assert [f.value for f in plan(times, ctx)[0]] == [5] and plan(times, ctx)[0][0].predicted == pytest.approx(0.003)
 
-@pytest.mark.parametrize('share,k,top', [(0.1, 6, 8), (0.3, 5, 6), (0.6, 3, 2), (math.nan, 3, 2)])
+@pytest.mark.parametrize('share,k,top', [(0.1, 7, 8), (0.3, 5, 6), (0.6, 3, 2), (math.nan, 3, 2)])
 def test_a_loader_that_waits_is_planned_more_workers_than_cores(share, k, top):
     "The loader alone computes `share` of its time: the cores bound counts only that share, and up to n/share workers (4 a core, `top`) are considered; the fewest within `KNEE` of the best prediction with headroom (`k`) are planned, and a spare worker where the cores bound a loader that computes"
     times, ctx = {Step.ITERATION: 0.013, Step.WAIT: 0.012, Step.FORWARD: 0.001}, {**GPU_CTX, 'device': 'cpu', 'cores': 2, 'num_workers': 0}
