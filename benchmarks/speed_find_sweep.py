@@ -17,7 +17,7 @@ reaches with its 90% interval (a bootstrap over the reference's passes, the best
 time speed_find took against the sweep's (medians over the repeats). The issue's bar: at least 90% of the best throughput in at most a third of the sweep's time.
 
     python benchmarks/speed_find_sweep.py                  # 1.5 ms items, bs 8, 1 ms compute, 0..8 workers, 5 repeats
-    python benchmarks/speed_find_sweep.py --loaders storage-bound   # that loader alone (about 3 minutes)
+    python benchmarks/speed_find_sweep.py --loaders storage-bound   # that loader alone (about 4 minutes)
 """
 import argparse, math, sys, time, warnings
 from pathlib import Path
