@@ -5,16 +5,18 @@
 - **computing**: items that spin for `--item` seconds of their thread's CPU time each (decoding, augmenting), so the
   cores bound the workers.
 
-Batches of `--bs`, a model whose forward spins `--compute` seconds of CPU time. Each repeat runs, for each loader, the sweep (a
-trial of every worker count from 0 to `--max-workers`, the tuner's own `run_trial` of 40 steady batches: what a user's
-sweep with speed_find's trials costs, timed), then `learn.speed_find()` from 0 workers, then the reference: `--ref-passes` passes of every count
-again, each in a shuffled order, for `--ref-batches` steady batches a trial. A count's throughput is the samples/s of
-all its reference batches (the batch over their mean). The 40-batch sweep is too noisy to say which count is best: on
-the 2-core VM its trials of one count ranged 820-1,470 samples/s, so the largest of nine such medians is biased upwards;
-even trials of 400 batches of one count ranged 6.2-7.9 ms a batch (the VM's host), where 3 to 6 workers differ by 5%.
-It prints, per loader, each count's throughput, what speed_find chose, the share of the best throughput that choice
-reaches with its 90% interval (a bootstrap over the reference's passes, the best chosen again in each draw), and the
-time speed_find took against the sweep's (medians over the repeats). The issue's bar: at least 90% of the best throughput in at most a third of the sweep's time.
+Batches of `--bs`, a model whose forward spins `--compute` seconds of CPU time. Each repeat runs, for each loader, the
+sweep (a trial of every worker count from 0 to `--max-workers`, the tuner's own `run_trial` of 40 steady batches: what
+a user's sweep with speed_find's trials costs, timed), then `learn.speed_find()` from 0 workers, then the reference:
+`--ref-passes` passes over every count, each in a shuffled order, `--ref-batches` steady batches a trial. A count's
+throughput is the samples/s of all its reference batches (the batch over their mean). The 40-batch sweep is too noisy
+to say which count is best: on the 2-core VM its trials of one count ranged 820-1,470 samples/s, so the largest of
+nine such medians is biased upwards; even trials of 400 batches of one count ranged 6.2-7.9 ms a batch (the VM's
+host), where 3 to 6 workers differ by 5-10%. It prints, per loader, each count's throughput in the sweep and in the
+reference, what speed_find chose, the share of the reference's best throughput that choice reaches with its 90%
+interval (a bootstrap over the reference's passes, the best chosen again in each draw), and the time speed_find took
+against the sweep's (medians over the repeats). The issue's bar: at least 90% of the best throughput in at most a third
+of the sweep's time.
 
     python benchmarks/speed_find_sweep.py                  # 1.5 ms items, bs 8, 1 ms compute, 0..8 workers, 5 repeats
     python benchmarks/speed_find_sweep.py --loaders storage-bound   # that loader alone (about 4 minutes)
@@ -96,6 +98,5 @@ def main():
         noise = not ok and fast and all(lo_hi[k][1] >= 0.9 for k in chosen)
         print(f"  {'meets' if ok else 'misses'} the bar: at least 90% of the best in at most a third of the sweep's time"
               + (" (within the reference's own noise: each choice's interval reaches 90%)" if noise else ''))
-
 
 if __name__ == '__main__': main()

@@ -395,24 +395,25 @@ def one_thread():
     torch.set_num_threads(n)
 
 def test_the_workers_needed_are_the_fewest_that_keep_up(one_thread):
-    """Items that sleep 360 ms a batch and a loop of 300 ms (a sleeping forward): with the loader free the loop would take
-    about 300 ms; one worker makes a batch every 360 ms or so (the loop waits about 60 ms of 360, 17%), two every 180 ms
-    (ready in time, 120 ms to spare: with 70, a CI run under load measured two workers' waits over the 10% bar). The count predicted from the run without workers is the fewest whose median wait is under 10% of the
-    median iteration. A 250 ms loop, not 30: under load a batch from workers that keep up still costs the loop some milliseconds
-    to receive (5 ms with 2 spinning processes on 2 cores, where a 30 ms loop measured 13% waits with 2 and 3 workers; at
-    a load of about 9, 14 ms of a 100 ms loop's 109, over the 10% bar; in a loaded test run beside other tests, 10.8% of a
-    200 ms loop against a loader of 288 ms, so two workers had 56 ms to spare: now 70). Load also adds to each worker's
-    core demand (a sleeping worker waits for a core when it wakes: 0.34 of its time under CI's load), which the
-    prediction's cores bound absorbs: (0.34×360 + 1 + 300)/2 ms is still under the 330 ms a loop that keeps up may take. The loop runs one torch
-    thread (`one_thread`): with two, at a load of about 9, its own work took 125-150 ms a batch beside its sleep and one
-    worker kept up. Breaks it: the loader's core share ignored (the cores bound then allows no count), or counting from 0
-    or past the fewest."""
-    learn = best_learner(0, [0.3], 16*BS, item=45e-3)
+    """Items that sleep 840 ms a batch and a loop of 600 ms (a sleeping forward): with the loader free the loop would take
+    about 600 ms; one worker makes a batch every 840 ms or so (the loop waits about 240 ms of 840, 29%), two every 420 ms
+    (ready in time, 180 ms to spare). The count predicted from the run without workers is the fewest whose median wait is
+    under 10% of the median iteration. A 600 ms loop, not 30: under load a batch from workers that keep up still costs the
+    loop some milliseconds to receive, whatever the batch's own time (5 ms with 2 spinning processes on 2 cores, where a
+    30 ms loop measured 13% waits with 2 and 3 workers; at a load of about 9, 14 ms of a 100 ms loop's 109; in a loaded
+    test run beside other tests, 10.8% of a 200 ms loop; in a CI run, 11.7% of a 300 ms loop, about 35 ms: now half that
+    share). Load also adds to each worker's core demand (a sleeping worker waits for a core when it wakes: 0.34 of its
+    time under CI's load), which the prediction's cores bound absorbs: (0.34×840 + 1 + 600)/2 ms is still under the 667
+    ms a loop that keeps up may take, where the loading counted whole, (840 + 1 + 600)/2, is over it for any count. The
+    loop runs one torch thread (`one_thread`): with two, at a load of about 9, its own work took 125-150 ms a batch beside
+    its sleep and one worker kept up. Breaks it: the loader's core share ignored (the cores bound then allows no count),
+    or counting from 0 or past the fewest."""
+    learn = best_learner(0, [0.6], 16*BS, item=105e-3)
     with learn.no_bar(): fit(learn)
     best = learn.profile_result.payload('stages').attrs['best']['train']
     share = {}
     for k in (1, 2):
-        learn = best_learner(k, [0.3], 16*BS, item=45e-3)
+        learn = best_learner(k, [0.6], 16*BS, item=105e-3)
         with learn.no_bar(): fit(learn)
         wait, it = stages.waits_of(learn.profile_result)['train']
         share[k] = float(np.median(wait)/np.median(it))  # a typical batch: one worker process the scheduler sets aside for a while makes a few batches late (means: 22% waits with 2 workers once, 4% in the next run)
