@@ -1550,6 +1550,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'fastxtend_prof.tune._loaders': ('tune.html#_loaders', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._measured': ('tune.html#_measured', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._out_of_budget': ('tune.html#_out_of_budget', 'fastxtend_prof/tune.py'),
+                                     'fastxtend_prof.tune._own': ('tune.html#_own', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._parts': ('tune.html#_parts', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._per_start_batch': ('tune.html#_per_start_batch', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._plain': ('tune.html#_plain', 'fastxtend_prof/tune.py'),

@@ -461,14 +461,21 @@ class LearnerState:
 # %% ../nbs/17_tune.ipynb #ddfffd7a
 def _loaders(learn): return [dl for dl in learn.dls.loaders if hasattr(dl, 'fake_l')]
 
+def _own(o, k:str) -> bool:
+    "Whether setting `k` on `o` sets the object's own value: its own attribute, or a class's property (a data descriptor)"
+    return k in getattr(o, '__dict__', {}) or hasattr(getattr(type(o), k, None), '__set__')
+
 def _assign(objs:list, **values):
-    "Set each of `values` as an attribute of every object of `objs`; returns the undo"
-    old = [(o, {k: getattr(o, k) for k in values}) for o in objs]
+    ("Set each of `values` as an attribute of every object of `objs`; returns the undo, which puts each back as it was: "
+     "the object's own value, or none where it had none (a class's default, a method, an attribute it delegates)")
+    old = [(o, {k: (_own(o, k), getattr(o, k)) for k in values}) for o in objs]
     for o, _ in old:
         for k, v in values.items(): setattr(o, k, v)
     def undo():
         for o, d in old:
-            for k, v in d.items(): setattr(o, k, v)
+            for k, (own, v) in d.items():
+                if own: setattr(o, k, v)
+                elif k in getattr(o, '__dict__', {}): delattr(o, k)
     return undo
 
 def set_num_workers(learn, k:int):
@@ -717,13 +724,12 @@ def probe_loader(learn, # A Learner whose train loader is a fastai `DataLoader`
      "in the main process, whatever the workers)")
     dl = learn.dls.train
     if not hasattr(dl, 'fake_l'): raise TypeError(f'`probe_loader` needs a fastai DataLoader, got {type(dl).__name__}')
-    undo, n, spent = set_num_workers(learn, 0), 0, [0.]
-    own, tfms = 'after_batch' in dl.__dict__, dl.after_batch
+    n, spent, tfms = 0, [0.], dl.after_batch
     def timed(b):  # the loader's own batch transforms, called as they are, timed
         t = time.perf_counter()
         try: return tfms(b)
         finally: spent[0] += time.perf_counter() - t
-    dl.after_batch = timed
+    undo, untime = set_num_workers(learn, 0), _assign([dl], after_batch=timed)
     try:
         # a pass of the loader, as a fit draws it (it draws from the loader's random generators: call it between fits)
         made = iter(dl)
@@ -733,10 +739,7 @@ def probe_loader(learn, # A Learner whose train loader is a fastai `DataLoader`
             if n >= batches or time.perf_counter() - t0 >= max_time: break
         (r1, q1), wall = thread_times(), time.perf_counter() - t0
         made.close()
-    finally:
-        if own: dl.after_batch = tfms
-        else: del dl.after_batch
-        undo()
+    finally: untime(); undo()
     return (work_share(r1 - r0, q1 - q0, wall), wall/n, spent[0]/n) if n and wall > 0 else (math.nan,)*3
 
 # %% ../nbs/17_tune.ipynb #598af88d
