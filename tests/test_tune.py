@@ -414,9 +414,9 @@ def test_setters_undo_exactly():
         assert [p.stride() for p in v.model.parameters()] == strides, kind
 
 def test_an_undo_puts_back_what_was_not_the_objects_own():
-    """A setter's undo leaves each object as it was, to its `__dict__`: its own value put back; a class's default, a
-    method or a property's value not left behind as the object's own (the loader's batch transforms that `probe_loader`
-    times are the class's method on a plain fastai DataLoader). Breaks it: an undo that sets back every value read"""
+    """A setter's undo leaves each object as it was, to its `__dict__`: its own value and a property's put back; a class's
+    default or method not left behind as the object's own (the loader's batch transforms that `probe_loader` times are
+    the class's method on a plain fastai DataLoader). Breaks it: an undo that sets back every value read"""
     from fastxtend_prof.tune import _assign
     class Thing:
         default = 1
