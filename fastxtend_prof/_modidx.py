@@ -1536,6 +1536,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'fastxtend_prof.tune.TuneContext': ('tune.html#tunecontext', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune.TuneContext.plain': ('tune.html#tunecontext.plain', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune.TuneContext.read': ('tune.html#tunecontext.read', 'fastxtend_prof/tune.py'),
+                                     'fastxtend_prof.tune._again_best': ('tune.html#_again_best', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._assign': ('tune.html#_assign', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._block': ('tune.html#_block', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._brief': ('tune.html#_brief', 'fastxtend_prof/tune.py'),

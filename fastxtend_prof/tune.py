@@ -55,9 +55,11 @@ MIN_PREDICTED = 5.0  # percent: a fix predicted to save less is not tried (unles
 # that a 2x gain came out p 0.02-0.07 (5 of 15 searches on the storage-bound loader, under 2 spinning processes)
 RETRY_P = 0.2
 KNEE = 1.05  # num_workers: the fewest workers whose predicted iteration is within 5% of the best prediction ...
-# ... for a loader that waits, with its time counted this many times over: batches come back in order, so workers that
-# only just keep up leave the loop waiting for every late one (in six interleaved comparisons of 3 to 6 workers on the
-# storage-bound loader of `speed_find_sweep.py`, 1.25 chose 3: 4-11% slower than the best every time; 1.5 chooses 4: 0-8%)
+# ... with the loading counted this many times over: batches come back in order, so workers that only just keep up
+# leave the loop waiting for every late one (in six interleaved comparisons of 3 to 6 workers on the storage-bound loader
+# of `speed_find_sweep.py`, 1.25 chose 3: 4-11% slower than the best every time; 1.5 chooses 4: 0-8%). A loader that
+# computes too: on the JPEG pipeline of `speed_find_pipeline.py`, its items cached, the knee without it chose 1 worker
+# (predicted 27-36 ms a batch, measured 33-42), 2 and 3 measured 5-10% faster; with it, 2 and the spare, 3
 SLACK = 1.5
 # num_workers: seconds a batch the loop spends taking each batch from a worker, however far ahead the workers are (its
 # tensors' shared memory received from the worker, unpickled; the next indices sent): the loop's wait with workers that
@@ -288,9 +290,8 @@ def predict_num_workers(times:dict, ctx:TuneContext, allow=()) -> tuple:
                     f'{format_duration(load)} a batch), ahead of the loop\'s {format_duration(it)}: the wait left '
                     f'({wait/it:.0%}) is the hand-over, '
                     'which more workers do not shorten']
-    pred = {k: predict_workers(wait, it, k0, k, n, s if waits else 1., load) for k in ks}
     # chosen with headroom, predicted without
-    room = {k: predict_workers(wait, it, k0, k, n, s, load, SLACK) for k in ks} if waits else pred
+    room = {k: predict_workers(wait, it, k0, k, n, s if waits else 1., load, SLACK) for k in ks}
     k = next(k for k in ks if room[k] <= KNEE*min(room.values()))
     more = f' and waits the rest, so more workers than the {n} cores can help' if waits else ''
     if not waits and k == n and k + SPARE <= ctx.n_batches:  # the cores bound a loader that computes
@@ -1038,6 +1039,18 @@ def _out_of_budget(f, used:int, need:int, max_batches, overhead:float, deadline:
     expected, left = overhead + need*f.predicted, deadline - time.monotonic()
     return f'{f.name}: about {expected:.0f} s needed, {max(0., left):.0f} s of the budget left' if expected > left else ''
 
+def _again_best(best, prof, batches:int) -> bool:
+    ("Of a promising comparison not significant, whether the best so far's own trial `best` came out more spread than "
+     "`prof`'s (its mean's relative standard error, in the comparison's blocks): then the second look measures it again "
+     "too. (On the JPEG pipeline the cached loader's trial, a first epoch at 63 ms a batch and a second at 41, left 3 "
+     "workers at -42% not significant; 3 workers' own trials, each epoch's last batch holding the workers' shutdown, "
+     "left -16% and -26%)")
+    block = _block(batches, best, prof)
+    def spread(p) -> float:
+        e = estimate(np.asarray(p.distributions.get(_KEY, []), float), block)
+        return e.se/e.mean if e.mean > 0 and e.se == e.se else math.inf
+    return spread(best) > spread(prof)
+
 def _run_fix(learn, f, batches:int, warmup:int, deadline:float, sync:str) -> tuple:
     ("`(profile, undo, None)`: a trial of `learn` with `f` set; `(None, None, error)` where setting it or the trial "
      "failed, `f` undone")
@@ -1179,20 +1192,23 @@ def speed_find(self:Learner,
                     del err; gc.collect()  # the last hold on the failed loader and its workers
                     continue
                 ok, row, vs_best = _judge(f, prof, start, best, bs0, batches, alpha, min_change, best_mean)
+                # the best so far measured again too, where its own trial came out the more spread
+                again_best = not ok and _again_best(best, prof, batches)
                 if (not ok and vs_best.get(CHANGE, 0) <= -min_change and vs_best.get(P_VALUE, 1) < RETRY_P
-                        and not _out_of_budget(f, used, 2*need, max_batches, overhead, deadline)):
+                        and not _out_of_budget(f, used, (4 if again_best else 2)*need, max_batches, overhead, deadline)):
                     # promising, not significant: once more, twice as long, at half the level (`RETRY_P`)
                     undo()
-                    measured(f, row, t1, f'p {vs_best.get(P_VALUE):.2g}: measured again, twice as long',
-                             '; measured again, twice as long')
-                    used, t1 = used + 2*need, time.monotonic()
+                    what = 'measured again, twice as long' + (', with the best so far' if again_best else '')
+                    measured(f, row, t1, f'p {vs_best.get(P_VALUE):.2g}: {what}', f'; {what}')
+                    used, t1 = used + (4 if again_best else 2)*need, time.monotonic()
+                    if again_best: best = run_trial(self, 2*batches, warmup, deadline, sync)  # the best from here on
                     prof, undo, err = _run_fix(self, f, 2*batches, warmup, deadline, sync)
                     if err is not None:
                         failed(f, err, t1, best_mean)
                         del err; gc.collect()
                         continue
                     ok, row, _ = _judge(f, prof, start, best, bs0, 2*batches, alpha/2, min_change, best_mean)
-                    row['Note'] += f' (measured again, at level {alpha/2:g})'
+                    row['Note'] += f' ({what}, at level {alpha/2:g})'
                 measured(f, row, t1, 'kept' if ok else 'not kept')
                 if ok:
                     # more workers after fewer: the last count is the fix
