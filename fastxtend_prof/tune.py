@@ -59,7 +59,8 @@ KNEE = 1.05  # num_workers: the fewest workers whose predicted iteration is with
 # leave the loop waiting for every late one (in six interleaved comparisons of 3 to 6 workers on the storage-bound loader
 # of `speed_find_sweep.py`, 1.25 chose 3: 4-11% slower than the best every time; 1.5 chooses 4: 0-8%). A loader that
 # computes too: on the JPEG pipeline of `speed_find_pipeline.py`, its items cached, the knee without it chose 1 worker
-# (predicted 27-36 ms a batch, measured 33-42), 2 and 3 measured 5-10% faster; with it, 2 and the spare, 3
+# (predicted 27-36 ms a batch, measured 33-42; 2 and 3 workers 2% and 10% faster in three comparisons run in turns);
+# with it, 2 and the spare, 3
 SLACK = 1.5
 # num_workers: seconds a batch the loop spends taking each batch from a worker, however far ahead the workers are (its
 # tensors' shared memory received from the worker, unpickled; the next indices sent): the loop's wait with workers that
@@ -1043,8 +1044,8 @@ def _again_best(best, prof, batches:int) -> bool:
     ("Of a promising comparison not significant, whether the best so far's own trial `best` came out more spread than "
      "`prof`'s (its mean's relative standard error, in the comparison's blocks): then the second look measures it again "
      "too. (On the JPEG pipeline the cached loader's trial, a first epoch at 63 ms a batch and a second at 41, left 3 "
-     "workers at -42% not significant; 3 workers' own trials, each epoch's last batch holding the workers' shutdown, "
-     "left -16% and -26%)")
+     "workers at -42% not significant; 3 workers' own trials, each epoch's last batch at 90-117 ms where the others "
+     "took 20-60, left -16% and -26%)")
     block = _block(batches, best, prof)
     def spread(p) -> float:
         e = estimate(np.asarray(p.distributions.get(_KEY, []), float), block)
