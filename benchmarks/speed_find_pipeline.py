@@ -25,8 +25,8 @@ Then the reference: the 40-batch sweep is too noisy to say which configuration i
 pipeline's cached loader with 1, 2 and 3 workers took turns as the best of the sweep's medians over seven runs, 5-10%
 apart, and the largest of twelve noisy medians is biased upwards), so the candidates (each configuration whose sweep
 median is within `--ref-within` of the best's, and each speed_find kept) are measured again: `--ref-passes` passes over
-them, each in a shuffled order, `--ref-batches` steady batches a trial (several epochs: each epoch's start of the
-workers counted), pooled (the batch over the mean).
+them, each in a shuffled order, `--ref-batches` steady batches a trial (several epochs, each one's first 3 batches left
+out as in every trial), pooled (the batch over the mean).
 
 It prints each configuration's samples/s (medians over the repeats), speed_find's choice, its speed-up over the start,
 the share of the sweep's best throughput that choice reaches (its own sweep median), and speed_find's time against the
