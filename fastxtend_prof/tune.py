@@ -1034,10 +1034,11 @@ def _probe(learn, ctx:TuneContext, deadline:float, items:bool=True, allow=()):
         ctx.cache_saves, ctx.cache_kept, ctx.cache_why, ctx.cache_bytes, ctx.cache_disk_saves = pc['saves'], pc['kept'], pc['why'], pc['bytes'], pc['disk_saves']
         if 'resize_on_batch' in allow: ctx.resize_saves, ctx.resize_why = probe_resize(learn.dls.train)
 
-def _out_of_budget(f, used:int, need:int, max_batches, overhead:float, deadline:float) -> str:
-    "Why a trial of `f` would not fit what is left of the budget ('' when it fits)"
-    if max_batches is not None and used + need > max_batches: return f'{f.name}: `max_batches` ({max_batches}) is used up'
-    expected, left = overhead + need*f.predicted, deadline - time.monotonic()
+def _out_of_budget(f, used:int, need:int, max_batches, overhead:float, deadline:float, best:tuple=(0, 0.)) -> str:
+    ("Why a trial of `f` would not fit what is left of the budget ('' when it fits); `best`: the batches of the best so "
+     "far measured again beside it, and its seconds a batch")
+    if max_batches is not None and used + need + best[0] > max_batches: return f'{f.name}: `max_batches` ({max_batches}) is used up'
+    expected, left = overhead + need*f.predicted + best[0]*best[1], deadline - time.monotonic()
     return f'{f.name}: about {expected:.0f} s needed, {max(0., left):.0f} s of the budget left' if expected > left else ''
 
 def _again_best(best, prof, batches:int) -> bool:
@@ -1196,7 +1197,8 @@ def speed_find(self:Learner,
                 # the best so far measured again too, where its own trial came out the more spread
                 again_best = not ok and _again_best(best, prof, batches)
                 if (not ok and vs_best.get(CHANGE, 0) <= -min_change and vs_best.get(P_VALUE, 1) < RETRY_P
-                        and not _out_of_budget(f, used, (4 if again_best else 2)*need, max_batches, overhead, deadline)):
+                        and not _out_of_budget(f, used, 2*need, max_batches, overhead, deadline,
+                                               (2*need if again_best else 0, best_mean))):
                     # promising, not significant: once more, twice as long, at half the level (`RETRY_P`)
                     undo()
                     what = 'measured again, twice as long' + (', with the best so far' if again_best else '')
@@ -1208,8 +1210,9 @@ def speed_find(self:Learner,
                         failed(f, err, t1, best_mean)
                         del err; gc.collect()
                         continue
-                    ok, row, _ = _judge(f, prof, start, best, bs0, 2*batches, alpha/2, min_change, best_mean)
-                    row['Note'] += f' ({what}, at level {alpha/2:g})'
+                    ok, row, vs_best = _judge(f, prof, start, best, bs0, 2*batches, alpha/2, min_change, best_mean)
+                    # against the best measured again, not the start the row compares it with: its own p
+                    row['Note'] += f' ({what}, at level {alpha/2:g}' + (f': p {vs_best.get(P_VALUE, math.nan):.2g}' if again_best else '') + ')'
                 measured(f, row, t1, 'kept' if ok else 'not kept')
                 if ok:
                     # more workers after fewer: the last count is the fix

@@ -547,7 +547,9 @@ def test_a_promising_trial_is_measured_again(monkeypatch, sync_mode, capsys, p_f
         what = 'measured again, twice as long' + (', with the best so far' if best_spread else '')
         assert calls[:2] == [(20, 0.01, 20), (40, 0.005, 40 if best_spread else 20)], calls
         assert len(mine) == 2 and not mine.Accepted.iloc[0] and mine.Accepted.iloc[1], res.text()
-        assert mine.Note.iloc[0].endswith(f'; {what}') and f'({what}, at level 0.005)' in mine.Note.iloc[1], res.text()
+        assert mine.Note.iloc[0].endswith(f'; {what}'), res.text()
+        # judged against the start measured again: the note gives that comparison's p (the row's is against the first start)
+        assert re.search(re.escape(f'({what}, at level 0.005') + (r': p \S+\)' if best_spread else r'\)'), mine.Note.iloc[1]), res.text()
         assert mine.Batches.iloc[1] == 40 and [f.kind for f in res.fixes] == ['sleep_less'], res.text()
     else:
         assert calls == [(20, 0.01, 20)] and len(mine) == 1 and not res.fixes, res.text()
