@@ -1,0 +1,93 @@
+"""How often `speed_find` keeps a fix that changes nothing (its false keeps), and how often one that helps, measured.
+
+`speed_find` runs as it is, its two looks, `_again_best` and its budget included, on a small Learner; only its trials
+are drawn instead of run: each trial's steady train iterations from a model of a trial's batches, the same model for the
+best so far and for the fix, times `1 - effect` where the fix is set. So the share of searches that keep the fix is the
+false-keep rate at `--effects 0`, and the power at a real gain. Three models of a trial's batches, each on the log
+scale around 50 ms a batch:
+
+- `iid`: independent batches, sd `--within` (0.13: the JPEG pipeline's cached loader, batch to batch);
+- `ar`: the same with the lag-1 autocorrelation `--ar` (0.44, that loader's, in 11 trials);
+- `trial`: `ar` with each trial's own level too, sd `--between` (0.10: the spread of that loader's 11 trial means, its
+  trials in searches a few seconds apart), which a trial's own batches cannot show.
+
+The tuner's claim is the first two: a fix that changes nothing is kept with probability at most `alpha` + `alpha`/2
+(the first look at `alpha`, the second at `alpha`/2). The third is what a real machine adds: the level a trial happens
+to run at, which only `min_change` guards against. Prints, per model and effect, the share kept with its 95% interval
+(Clopper-Pearson), the share kept at the first look, and the share that took a second look.
+
+    python benchmarks/speed_find_false_keep.py                 # 2,000 searches a cell, about 4 minutes
+    python benchmarks/speed_find_false_keep.py --searches 500  # quicker, wider intervals
+    python benchmarks/speed_find_false_keep.py --models trial --min-change 25 --effects 0 0.3 0.5
+"""
+import argparse, math, sys, time, warnings
+from dataclasses import replace
+from pathlib import Path
+import numpy as np
+from scipy.stats import binomtest
+sys.path.insert(0, str(Path(__file__).parents[1]/'tests'))
+warnings.simplefilter('ignore')
+
+def draw(rng, model:str, n:int, a) -> np.ndarray:
+    "`n` batches' seconds of one trial from `model`"
+    e = rng.normal(0, a.within*math.sqrt(1 - a.ar**2) if model != 'iid' else a.within, n)
+    x = np.empty(n)
+    x[0] = rng.normal(0, a.within) if model != 'iid' else e[0]
+    for i in range(1, n): x[i] = (a.ar*x[i - 1] if model != 'iid' else 0.) + e[i]
+    level = rng.normal(0, a.between) if model == 'trial' else 0.
+    return a.mean*np.exp(level + x)
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument('--searches', type=int, default=2000, help='searches a model and effect (default: 2000)')
+    p.add_argument('--models', nargs='+', default=['iid', 'ar', 'trial'], choices=('iid', 'ar', 'trial'))
+    p.add_argument('--effects', nargs='+', type=float, default=[0., 0.3], help="the fix's gains (default: 0 and 0.3)")
+    p.add_argument('--within', type=float, default=0.13)
+    p.add_argument('--ar', type=float, default=0.44)
+    p.add_argument('--between', type=float, default=0.10)
+    p.add_argument('--mean', type=float, default=0.05, help='seconds a batch (default: 0.05)')
+    p.add_argument('--batches', type=int, default=40, help="speed_find's `batches` (default: 40)")
+    p.add_argument('--min-change', type=float, default=None, help="speed_find's `min_change` (default: its own, 15)")
+    p.add_argument('--seed', type=int, default=0)
+    a = p.parse_args()
+
+    import test_tune as t
+    import fastxtend_prof.all  # noqa: F401  (Learner.speed_find)
+    import fastxtend_prof.tune as T
+    from fastxtend_prof.recorder import Step
+    from fastxtend_prof.defaults import ALPHA, MIN_CHANGE
+    min_change = MIN_CHANGE if a.min_change is None else a.min_change
+
+    learn = t.busy_learner(item=0., compute=1e-3, n_batches=60)
+    with learn.no_bar(): template = T.run_trial(learn, a.batches, 3, math.inf)  # a real trial: its results and metadata
+    on, rng, state = [False], np.random.default_rng(a.seed), {}
+    def trial(learn, batches, warmup, deadline, sync='auto'):
+        d = draw(rng, state['model'], batches, a)*(1 - state['effect'] if on[0] else 1.)
+        return replace(template, distributions={T._KEY: d})
+    def apply(learn, value):
+        on[0] = True
+        return lambda: on.__setitem__(0, False)
+    def predict(times, ctx, allow):
+        return [T.Fix('nothing', True, Step.FORWARD, times[Step.ITERATION]*0.7, 'a fix whose trials are drawn')], []
+    T.register_strategy('nothing', T.Strategy(predict, apply, 'speed only', lambda v: 'the drawn fix', 'nothing'))
+    T.run_trial, plan = trial, T.plan
+    T.plan = lambda times, ctx, allow, done: (lambda f, n: ([x for x in f if x.kind == 'nothing'], n))(*plan(times, ctx, allow, done))
+
+    print(f'{a.searches:,} searches a cell; trials of {a.batches} batches around {a.mean*1e3:.0f} ms, within sd {a.within}, '
+          f'lag-1 {a.ar}, between trials {a.between} (the `trial` model); alpha {ALPHA}, min_change {min_change:g}%')
+    print(f"{'model':<7}{'effect':>8}{'kept':>9}{'95% interval':>18}{'first look':>12}{'second looks':>14}")
+    t0 = time.monotonic()
+    for model in a.models:
+        for effect in a.effects:
+            state.update(model=model, effect=effect)
+            kept = first = again = 0
+            for _ in range(a.searches):
+                r = learn.speed_find(max_time=1e6, batches=a.batches, min_change=min_change, show=False).trials
+                mine = r[r.Kind == 'nothing']
+                kept += bool(mine.Accepted.any()); first += bool(len(mine) and mine.Accepted.iloc[0]); again += len(mine) > 1
+            ci = binomtest(kept, a.searches).proportion_ci(0.95)
+            print(f'{model:<7}{effect:>8.0%}{kept/a.searches:>9.2%}{f"{ci.low:.2%}-{ci.high:.2%}":>18}'
+                  f'{first/a.searches:>12.2%}{again/a.searches:>14.1%}', flush=True)
+    print(f'{time.monotonic() - t0:.0f} s')
+
+if __name__ == '__main__': main()
