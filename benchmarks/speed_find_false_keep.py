@@ -1,6 +1,6 @@
 """How often `speed_find` keeps a fix that changes nothing (its false keeps), and how often one that helps, measured.
 
-`speed_find` runs as it is, its two looks, `_again_best` and its budget included, on a small Learner; only its trials
+`speed_find` runs as it is, its two looks and its budget included, on a small Learner; only its trials
 are drawn instead of run: each trial's steady train iterations from a model of a trial's batches, the same model for the
 best so far and for the fix, times `1 - effect` where the fix is set. So the share of searches that keep the fix is the
 false-keep rate at `--effects 0`, and the power at a real gain. Three models of a trial's batches, each on the log
@@ -30,10 +30,11 @@ warnings.simplefilter('ignore')
 
 def draw(rng, model:str, n:int, a) -> np.ndarray:
     "`n` batches' seconds of one trial from `model`"
-    e = rng.normal(0, a.within*math.sqrt(1 - a.ar**2) if model != 'iid' else a.within, n)
+    phi = 0. if model == 'iid' else a.ar  # AR(1) on the log scale, its stationary sd `a.within`
+    e = rng.normal(0, a.within*math.sqrt(1 - phi**2), n)
     x = np.empty(n)
-    x[0] = rng.normal(0, a.within) if model != 'iid' else e[0]
-    for i in range(1, n): x[i] = (a.ar*x[i - 1] if model != 'iid' else 0.) + e[i]
+    x[0] = e[0] if model == 'iid' else rng.normal(0, a.within)
+    for i in range(1, n): x[i] = phi*x[i - 1] + e[i]
     level = rng.normal(0, a.between) if model == 'trial' else 0.
     return a.mean*np.exp(level + x)
 
@@ -70,8 +71,12 @@ def main():
     def predict(times, ctx, allow):
         return [T.Fix('nothing', True, Step.FORWARD, times[Step.ITERATION]*0.7, 'a fix whose trials are drawn')], []
     T.register_strategy('nothing', T.Strategy(predict, apply, 'speed only', lambda v: 'the drawn fix', 'nothing'))
-    T.run_trial, plan = trial, T.plan
-    T.plan = lambda times, ctx, allow, done: (lambda f, n: ([x for x in f if x.kind == 'nothing'], n))(*plan(times, ctx, allow, done))
+    plan = T.plan
+    def only_drawn(times, ctx, allow, done):
+        "The tuner's plan with the drawn fix alone (the small Learner's own profile could suggest others)"
+        fixes, notes = plan(times, ctx, allow, done)
+        return [f for f in fixes if f.kind == 'nothing'], notes
+    T.run_trial, T.plan = trial, only_drawn
 
     print(f'{a.searches:,} searches a cell; trials of {a.batches} batches around {a.mean*1e3:.0f} ms, within sd {a.within}, '
           f'lag-1 {a.ar}, between trials {a.between} (the `trial` model); alpha {ALPHA}, min_change {min_change:g}%')

@@ -42,6 +42,7 @@ from pathlib import Path
 os.environ.setdefault('OMP_NUM_THREADS', '1')
 warnings.simplefilter('ignore')
 import numpy as np
+BS = 16  # samples a batch, both pipelines
 
 def make_images(root:Path, n:int):
     "`n` 256-pixel RGB PNG files of digits, upscaled with noise, a folder per class (kept between runs)"
@@ -97,7 +98,7 @@ def main():
         db = DataBlock(blocks=(ImageBlock, CategoryBlock), get_items=lambda _: files, splitter=RandomSplitter(0.2, seed=0), get_y=parent_label,
                        item_tfms=item, batch_tfms=aug_transforms(size=None if where == 'item' else 32))
         model = nn.Sequential(nn.Conv2d(3, 16, 3, 2, 1), nn.ReLU(), nn.Conv2d(16, 32, 3, 2, 1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(32, 10))
-        return Learner(db.dataloaders(root, bs=16, num_workers=nw, device='cpu'), model, metrics=accuracy)
+        return Learner(db.dataloaders(root, bs=BS, num_workers=nw, device='cpu'), model, metrics=accuracy)
     if a.budget is not None: fc.BUDGET = int(a.budget*2**20)
     elif jpeg:
         undo, caches, _ = cache_loaders(learner(0), budget=2**40, loaders=None)
@@ -164,7 +165,7 @@ def main():
     for _ in range(a.ref_passes):
         for i in rng.permutation(len(cands)):
             ref[cands[i]].append(np.asarray(trial(cands[i], a.ref_batches).distributions[_KEY], dtype=float))
-    def throughput(passes): return {c: 16/float(np.concatenate([ref[c][p] for p in passes]).mean()) for c in cands}
+    def throughput(passes): return {c: BS/float(np.concatenate([ref[c][p] for p in passes]).mean()) for c in cands}
     tp = throughput(range(a.ref_passes))
     top = max(tp, key=tp.get)
     boot = [throughput(rng.integers(0, a.ref_passes, a.ref_passes)) for _ in range(1000)]

@@ -70,7 +70,7 @@ def test_speed_find_tries_fewer_threads_on_an_oversubscribed_machine():
     if len(tried) == 2: assert 'measured again' in tried.Note.iloc[0] and not tried.Accepted.iloc[0], res.text()
     kept, level = bool(tried.Accepted.iloc[-1]), 0.01 if len(tried) == 1 else 0.005
     if tried.Trial.iloc[-1] == len(tried) and 'with the best so far' in tried.Note.iloc[-1]:
-        # judged against the start measured again (its own trial the more spread): the p in the note, not the row's
+        # judged against the start measured again (a second look measures both): the p in the note, not the row's
         assert not kept or float(re.search(r'at level [\d.]+: p ([^)]+)\)', tried.Note.iloc[-1]).group(1)) < level, res.text()
     elif tried.Trial.iloc[-1] == len(tried):  # judged against the start, whose comparison the row shows: kept if and only if significantly faster
         assert kept == (tried['p-value'].iloc[-1] < level and tried['Change %'].iloc[-1] <= -15), res.text()
