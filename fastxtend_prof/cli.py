@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['RUN_HELP', 'GATE_EXIT', 'demo_device', 'demo_threads', 'parser', 'compare_command', 'report_command',
-           'history_command', 'guide_command', 'tune_command', 'demo_command', 'main']
+           'history_command', 'guide_command', 'tune_command', 'noise_command', 'demo_command', 'main']
 
 # %% ../nbs/10_cli.ipynb #168568d7
 import argparse, importlib.util, math, sys, time, warnings
@@ -112,17 +112,23 @@ def parser():
     c = sub.add_parser('compare', help='compare two saved profiles, BASE then NEW, or NEW --baseline BASE '
                                        '(learn.profile(save_json=True)); exit 1 with --fail-on-regression when it '
                                        'tripped',
-                       usage='fastxtend-prof compare BASE NEW [options], or fastxtend-prof compare NEW --baseline '
-                             'BASE [options]',
+                       usage='fastxtend-prof compare BASE NEW [options], or fastxtend-prof compare NEW... '
+                             '--baseline BASE... [options]',
                        description='Compare two profiles saved as JSON, the baseline first (or named by --baseline, '
-                                   'as in `report` and `history`): per step, '
+                                   'as in `report` and `history`), or several runs a side (a folder each, or files '
+                                   'after --baseline): per step, '
                                    'the change of the time per batch, its interval and a test; a verdict in words. '
+                                   'With one run a side the interval covers the noise inside each run only; with '
+                                   'several, the machine\'s spread between runs too. '
                                    'Exit 0, or 1 when --fail-on-regression tripped; 2 with one line on stderr for '
                                    'bad input (a file that is not a run).')
     c.add_argument('runs', nargs='+', metavar='RUN',
-                   help='BASE NEW: the baseline profile (JSON), the run before the change, then the run to judge; or '
-                        'NEW alone, with --baseline')
-    c.add_argument('--baseline', metavar='BASE', help='the baseline profile (JSON); then one RUN, the run to judge')
+                   help='BASE NEW: the baseline profile (JSON), the run before the change, then the run to judge, each '
+                        'a file or a folder of runs (several runs a side: the runs are the unit, and the machine\'s '
+                        'run-to-run spread is counted); or the runs to judge, with --baseline')
+    c.add_argument('--baseline', metavar='BASE', nargs='+',
+                   help='the baseline: one profile (JSON) or several, or folders of them; then the RUNs are the runs to '
+                        'judge')
     c.add_argument('--fail-on-regression', '--fail-if-slower', dest='fail_on_regression', type=_non_negative(float),
                    metavar='PCT',
                    help='exit 1 if --step got significantly slower by more than PCT percent (--fail-if-slower: the '
@@ -136,6 +142,9 @@ def parser():
     c.add_argument('--min-share', type=_non_negative(float), default=MIN_SHARE, metavar='PCT',
                    help="smallest change, in percent of the phase's iteration time, called significant (default: "
                         f"{MIN_SHARE:g})")
+    c.add_argument('--noise', metavar='PATH',
+                   help="a noise record (fastxtend-prof noise, learn.noise_find(save=...)): the machine's spread between "
+                        'runs, counted for each run (with one run a side) or as the least the runs assume (several)')
     c.add_argument('--plot', metavar='PATH', help='save the side-by-side chart to this PNG file')
     c.add_argument('--format', choices=FORMATS[:3], default='text',
                    help="text (default); md: a pull request's markdown of NEW and its comparison; json: the summary "
@@ -165,6 +174,23 @@ def parser():
                    help='also try a fix that changes the numerics or the training (repeatable)')
     t.add_argument('--plot', metavar='PATH', help='save the chart of the trials to this PNG file')
     t.set_defaults(func=tune_command)
+    n = sub.add_parser('noise', help="measure this machine's noise on the demo: short trials of it back to back "
+                                     '(learn.noise_find); the record compare --noise reads',
+                       description='Run learn.noise_find() on the demo: short trials of it as it is, back to back; print '
+                                   'the spread inside a trial and between trials and the smallest change a comparison '
+                                   'can find with 1, 3, 5 and 10 runs a side; with -o, write the record.')
+    n.add_argument('--bs', type=_positive_int, default=64, help='batch size (default: 64)')
+    n.add_argument('--num-workers', type=_non_negative(int), default=0, help='DataLoader worker processes (default: 0)')
+    n.add_argument('--device', choices=DEVICES, default='auto', help='where to train: auto, cpu or cuda (default: auto)')
+    n.add_argument('--trials', type=_number(int, 2, 'an integer >= 2'), default=8, help='trials (default: 8)')
+    n.add_argument('--batches', type=_number(int, 2, 'an integer >= 2'), default=40,
+                   help='steady train batches a trial (default: 40)')
+    n.add_argument('--warmup', type=_non_negative(int), default=3,
+                   help='leading train batches of each trial left out (default: 3)')
+    n.add_argument('--max-time', type=_number(float, 1e-9, 'a positive number of seconds'), default=120.,
+                   metavar='SECONDS', help='seconds all trials may take; the first two run whole (default: 120)')
+    n.add_argument('-o', '--output', metavar='PATH', help='write the record to this JSON file')
+    n.set_defaults(func=noise_command)
     r = sub.add_parser('report', help='write the report page of a saved profile (learn.profile(save_json=True)): one '
                                       'HTML file that opens offline',
                        description='Write one self-contained HTML page of a profile saved as JSON: the overview, the '
@@ -251,15 +277,19 @@ def _unexpected(e:Exception, *files) -> str:
     return f'{type(e).__name__} while reading {named}: {e} (a bug in fastxtend_prof: please report it with the file)'
 
 def _base_and_new(a):
-    ("`(base, new)` from `compare`'s arguments: `BASE NEW`, or `NEW --baseline BASE`; ValueError with the line that is "
-     "right")
-    if a.baseline is not None:
-        if len(a.runs) != 1: raise ValueError('with --baseline, one run to judge: fastxtend-prof compare '
-                                              f'{a.runs[-1]} --baseline {a.baseline}')
-        return a.baseline, a.runs[0]
-    if len(a.runs) != 2: raise ValueError('two runs, the baseline first: fastxtend-prof compare BASE NEW (or NEW '
-                                          f'--baseline BASE); got {len(a.runs)}')
-    return tuple(a.runs)
+    ("`(base, new)`, each a list of paths, from `compare`'s arguments: `BASE NEW` (a file or a folder each), or "
+     "`NEW... --baseline BASE...`; ValueError with the line that is right")
+    if a.baseline is not None: return list(a.baseline), list(a.runs)
+    if len(a.runs) != 2: raise ValueError('two runs, the baseline first: fastxtend-prof compare BASE NEW (a file or a '
+                                          'folder of runs each), or NEW... --baseline BASE... for several files a side; '
+                                          f'got {len(a.runs)}')
+    return [a.runs[0]], [a.runs[1]]
+
+def _read_side(paths, name:str) -> list:
+    ("The runs saved at `paths` (files, or folders of them oldest first), read and checked as `_read` does; `name` "
+     "names the side in errors")
+    from fastxtend_prof.saved import read_runs  # pandas, not torch
+    return read_runs(list(paths), name)
 
 def compare_command(a) -> int:
     ("`fastxtend-prof compare`: the comparison, printed or in `--format`; 0, or 1 when `--fail-on-regression` trips; 2 "
@@ -273,18 +303,24 @@ def compare_command(a) -> int:
         plot = _output(a.plot, '--plot', 'profile_comparison.png') if a.plot else None
         ext = 'txt' if a.format == 'text' else a.format
         out = _output(a.output, '--output', f'profile_comparison.{ext}') if a.output else None
-        base, new = _read(base_path, 'base'), _read(new_path, 'new')
+        base, new = _read_side(base_path, 'base'), _read_side(new_path, 'new')
+        if a.noise is not None:
+            from fastxtend_prof.noise import load_noise  # numpy and the saved run's checks, not torch
+            from fastxtend_prof.saved import ProfileFileError
+            try: noise = load_noise(a.noise)
+            except ProfileFileError as e: raise ProfileFileError(f'`--noise`: {e.source}', e.field, e.expected) from None
+        else: noise = None
         # scipy, not torch
         from fastxtend_prof.compare import compare_profiles, comparison_text, slower_than, plot_comparison
-        cmp = compare_profiles(base, new, alpha=a.alpha, min_change=a.min_change, min_share=a.min_share)
+        cmp = compare_profiles(base, new, alpha=a.alpha, min_change=a.min_change, min_share=a.min_share, noise=noise)
         tripped = slower_than(cmp, pct, step) if pct is not None else False
         if a.format == 'text': text = comparison_text(cmp)
         else:
             import json
             from fastxtend_prof.summary import run_markdown, run_summary
-            text = run_markdown(new, cmp) if a.format == 'md' else json.dumps(run_summary(new, cmp), indent=1)
+            text = run_markdown(new[-1], cmp) if a.format == 'md' else json.dumps(run_summary(new[-1], cmp), indent=1)
     except ValueError as e: return _error('compare', e)
-    except Exception as e: return _error('compare', _unexpected(e, *a.runs, a.baseline))
+    except Exception as e: return _error('compare', _unexpected(e, *a.runs, *(a.baseline or ())))
     gate = (f'gate {"FAILED" if tripped else "passed"}: {step} must not be significantly slower by more than {pct:g}%'
             if pct is not None else None)
     if gate and a.format == 'text': text = f'{text}\n{gate}'
@@ -425,6 +461,20 @@ def tune_command(a) -> int:
     if plot:
         res.plot(fname=plot)
         print(f'Saved: chart {plot}')
+    return 0
+
+def noise_command(a) -> int:
+    ("`fastxtend-prof noise`: `learn.noise_find()` on the demo's Learner, the record printed (and written with -o); 2 "
+     "with one line on bad input, before training")
+    try:
+        out = _output(a.output, '--output', 'noise.json') if a.output else None
+        demo_device(a.device)
+    except ValueError as e: return _error('noise', e)
+    from fastxtend_prof.digits import digits_learner  # torch and fastai
+    from fastxtend_prof import noise_find  # noqa: F401  (adds `Learner.noise_find`)
+    learn = digits_learner(a.bs, a.num_workers, 0., a.device)
+    learn.noise_find(trials=a.trials, batches=a.batches, warmup=a.warmup, max_time=a.max_time, save=out)
+    if out: print(f'Saved: noise record {out}')
     return 0
 
 def demo_command(a) -> int:

@@ -9,7 +9,7 @@ __all__ = ['FORMAT', 'VERSION', 'JSON_FORMAT', 'RESULT_COLS', 'KEY_COLS', 'PHASE
            'as_profile', 'output_path', 'check_writable', 'atomic_write_text', 'encode_distributions', 'result_rows',
            'result_value', 'jsonable', 'table_doc', 'profile_doc', 'save_profile', 'ProfileFileError', 'read_doc',
            'migrate', 'metadata_record', 'metadata_schema', 'register_metadata', 'metadata_check', 'Checker',
-           'profile_from_doc', 'load_profile', 'load_json', 'load_profiles']
+           'profile_from_doc', 'load_profile', 'load_json', 'load_profiles', 'read_runs']
 
 # %% ../nbs/36_saved.ipynb #dbeb7b3a
 import base64, binascii, importlib, json, math, os, stat, tempfile
@@ -474,3 +474,13 @@ def load_profiles(paths) -> list:
         if not found: raise ProfileFileError(repr(str(p)), '', 'is a folder without run files (*.json)')
         out += sorted(found, key=lambda r: (str(r.metadata.get('timestamp') or ''), r.source))
     return out
+
+def read_runs(x, name:str='profile') -> list:
+    "The runs `x` names: one run (a file saved by `learn.profile(save_json=...)`, a `SavedProfile`, a Learner after a profiled fit), a folder of runs (oldest first), or a list of any of those; `name` names them in errors, as `as_profile` does"
+    if isinstance(x, (list, tuple)):
+        if not x: raise ValueError(f'`{name}` is an empty list: give one run or more')
+        return [r for y in x for r in read_runs(y, name)]
+    if isinstance(x, (str, os.PathLike)) and Path(x).is_dir():
+        try: return load_profiles([x])
+        except ProfileFileError as e: raise ProfileFileError(f'`{name}`: {e.source}', e.field, e.expected) from None
+    return [as_profile(x, name)]

@@ -5,13 +5,15 @@
 # %% auto #0
 __all__ = ['BLOCK', 'CHANGE', 'CI_LOW', 'CI_HIGH', 'P_VALUE', 'CHANGE_COLS', 'CONFIDENCE', 'MIN_BLOCKS', 'MIN_AR_BLOCKS',
            'MAX_AR', 'MIN_DF', 'Estimate', 'block_means', 'estimate', 'student', 'compare', 'between', 'weights',
-           'level', 'steady', 'scan', 'null_max', 'adjusted_p', 'segment']
+           'level', 'compare_runs', 'power', 'smallest_change', 'runs_needed', 'steady', 'scan', 'null_max',
+           'adjusted_p', 'segment']
 
 # %% ../nbs/42_stats.ipynb #059f1aee
 import math
 from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
+from scipy.integrate import quad
 from .recorder import StepSummary
 
 # %% ../nbs/42_stats.ipynb #3e3976e3
@@ -64,24 +66,32 @@ def estimate(d, # One step's per-batch seconds in the order they ran, or its `St
     return Estimate(float(d.mean()), float(b.std(ddof=1)/math.sqrt(k)*math.sqrt(widen)), len(d), max((k - 1)/widen, min(MIN_DF, k - 1.)))
 
 # %% ../nbs/42_stats.ipynb #92a38a56
-def _welch_df(a:float, da:float, b:float, db:float) -> float:
-    "Welch and Satterthwaite's degrees of freedom of a sum of two variances `a`, `b` with `da`, `db` degrees of freedom"
-    den = (a*a/da if da > 0 else 0.) + (b*b/db if db > 0 else 0.)
-    return (a + b)**2/den if den > 0 else math.inf
+def _welch_df(*parts) -> float:
+    "Welch and Satterthwaite's degrees of freedom of a sum of variances, `parts` alternating each variance and its degrees of freedom"
+    v, d = parts[0::2], parts[1::2]
+    den = sum(a*a/da for a, da in zip(v, d) if da > 0 and math.isfinite(da))
+    return sum(v)**2/den if den > 0 else math.inf
 
 def student(df:float) -> tuple:
     "`(ppf, sf)` of Student's t with `df` degrees of freedom (the normal's where `df` is infinite): scipy's own functions given `df`, not a frozen distribution, whose making costs a millisecond (it writes its docstring), more than the test it serves"
     if not math.isfinite(df): return sps.norm.ppf, sps.norm.sf
     return (lambda x: sps.t.ppf(x, df)), (lambda x: sps.t.sf(x, df))
 
-def compare(base:Estimate, new:Estimate, confidence:float=CONFIDENCE) -> dict:
-    "How `new`'s mean differs from `base`'s: `CHANGE` (percent) with its interval (the log of the ratio, Welch's t), the two-sided `P_VALUE`, and the one-sided `p slower`"
+def compare(base:Estimate, # One run's (or trial's) mean and its error
+            new:Estimate, # The other's
+            confidence:float=CONFIDENCE, # Of the interval
+            spread:float=0., # The least standard deviation of a run's log mean about the machine's level: a noise record's (a trial's own error and the spread between trials)
+            spread_df:float=math.inf, # Its degrees of freedom (the record's trials less one)
+           ) -> dict:
+    "How `new`'s mean differs from `base`'s: `CHANGE` (percent) with its interval (the log of the ratio, Welch's t), the two-sided `P_VALUE`, and the one-sided `p slower`; with `spread`, each run's mean is at least that far from the machine's level"
     out = {CHANGE: 100*(new.mean/base.mean - 1) if base.mean > 0 else math.nan, CI_LOW: math.nan, CI_HIGH: math.nan, P_VALUE: math.nan,
            'p slower': math.nan, 'df': math.nan}
     if not (base.mean > 0 and new.mean > 0 and base.se == base.se and new.se == new.se): return out
     a, b = (base.se/base.mean)**2, (new.se/new.mean)**2  # each log mean's variance (the delta method)
+    # each run as far from the machine's level as its own batches say, or as a trial of the record was where that is more
+    (a, da), (b, db) = ((x, dx) if x >= spread**2 else (spread**2, spread_df) for x, dx in ((a, base.df), (b, new.df)))
     d, s = math.log(new.mean/base.mean), math.sqrt(a + b)
-    df = _welch_df(a, base.df, b, new.df)
+    df = _welch_df(a, da, b, db)
     ppf, sf = student(df)
     q = float(ppf(0.5 + confidence/2))
     if s == 0: return {**out, CI_LOW: out[CHANGE], CI_HIGH: out[CHANGE], P_VALUE: float(d == 0), 'p slower': float(d <= 0), 'df': df}
@@ -114,6 +124,92 @@ def level(x, v) -> tuple:
     k = x.shape[-1]
     phi = (w*(x - mu[..., None])**2).sum(-1)/(k - 1) if k > 1 else np.ones_like(mu)
     return mu, np.sqrt(np.maximum(phi, 1.)/sw) if k > 1 else np.sqrt(1/sw), tau2, phi
+
+# %% ../nbs/42_stats.ipynb #5a16446a
+def _side_levels(x, v, tau2:float, floor:float=0.) -> tuple:
+    "`(mu, sw, q)` of one side's runs `x` (log means; `v` their own variances) weighed by one over `v` + `tau2` (at least `floor` squared): their level, the weights' sum, and their weighted spread about the level"
+    w = 1/np.maximum(v + tau2, floor**2)
+    sw = float(w.sum())
+    mu = float((w*x).sum())/sw
+    return mu, sw, float((w*(x - mu)**2).sum())
+
+def compare_runs(base, # The baseline's runs: a sequence of `Estimate`s, one a run (`estimate` of the step in each)
+                 new, # The runs to judge, the same way
+                 confidence:float=CONFIDENCE, # Of the interval
+                 floor:float=0., # The least standard deviation of a run's log mean about its side's level: a noise record's `spread`
+                ) -> dict:
+    "How the level of the runs `new` differs from that of the runs `base` (each a sequence of `Estimate`s), the runs the unit of evidence: `compare`'s keys, `between` (the between-run standard deviation on the log scale), `spread` (one run's: that and its own error) and `base`/`new` (each side's level); with one run a side, `compare` of the two and `between` NaN"
+    base, new = list(base), list(new)
+    if not (base and new): raise ValueError(f'each side needs a run or more; got {len(base)} and {len(new)}')
+    if len(base) + len(new) == 2:
+        return {**compare(base[0], new[0], confidence), 'between': math.nan, 'spread': math.nan, 'base': base[0].mean, 'new': new[0].mean}
+    nan = {CHANGE: math.nan, CI_LOW: math.nan, CI_HIGH: math.nan, P_VALUE: math.nan, 'p slower': math.nan, 'df': math.nan,
+           'between': math.nan, 'spread': math.nan, 'base': math.nan, 'new': math.nan}
+    if not all(e.mean > 0 for e in base + new): return nan
+    # each run's log mean and its own variance (the delta method); a run too short to tell it counts by the spread of runs alone
+    side = lambda es: (np.log([e.mean for e in es]), np.array([(e.se/e.mean)**2 if e.se == e.se else 0. for e in es]))
+    (xb, vb), (xn, vn) = side(base), side(new)
+    vb, vn = np.maximum(vb, 1e-18), np.maximum(vn, 1e-18)
+    df = len(base) + len(new) - 2
+    # the between-run variance both sides share (the same machine), DerSimonian and Laird's with each side's own level
+    parts = [_side_levels(x, v, 0.) for x, v in ((xb, vb), (xn, vn))]
+    c = sum(sw - float((1/v**2).sum())/sw for (_, sw, _), v in zip(parts, (vb, vn)))
+    tau2 = float(_tau2(sum(q for _, _, q in parts), c, df))
+    (mb, sb, qb), (mn, sn, qn) = _side_levels(xb, vb, tau2, floor), _side_levels(xn, vn, tau2, floor)
+    # Knapp and Hartung: the error scaled by the runs' spread about their levels where that says more than the weights
+    phi = max((qb + qn)/df, 1.)
+    d, s = mn - mb, math.sqrt(phi*(1/sb + 1/sn))
+    ppf, sf = student(df)
+    q = float(ppf(0.5 + confidence/2))
+    lim = lambda y: 100*math.expm1(max(min(y, 700.), -700.))
+    return {CHANGE: lim(d), CI_LOW: lim(d - q*s), CI_HIGH: lim(d + q*s), P_VALUE: float(2*sf(abs(d)/s)), 'p slower': float(sf(d/s)),
+            'df': float(df), 'between': math.sqrt(tau2), 'spread': math.sqrt(phi*max(tau2 + float(np.concatenate([vb, vn]).mean()), floor**2)),
+            'base': math.exp(mb), 'new': math.exp(mn)}
+
+def power(change:float, # The change to find, in percent
+          spread:float, # One run's standard deviation on the log scale: its own error and the between-run spread
+          runs:int, # Runs a side
+          alpha:float, # The test's level (two-sided)
+          df:float|None=None, # The test's degrees of freedom: default the runs less two (`compare_runs`); `math.inf` where the spread is known
+         ) -> float:
+    "How often a two-sided test at `alpha` on `runs` runs a side finds a `change` (percent), one run's log mean spreading by `spread`: the noncentral t (the normal where `df` is infinite)"
+    d, df = abs(math.log1p(change/100)), 2*runs - 2 if df is None else df
+    if not (spread > 0 and df > 0): return math.nan
+    nc = d/(spread*math.sqrt(2/runs))
+    if not math.isfinite(df):
+        q = float(sps.norm.ppf(1 - alpha/2))
+        return float(sps.norm.sf(q - nc) + sps.norm.cdf(-q - nc))
+    q = float(sps.t.ppf(1 - alpha/2, df))
+    p = float(sps.nct.sf(q, df, nc) + sps.nct.cdf(-q, df, nc))
+    if p == p: return p
+    # scipy's `nct` gives NaN far out in its tail: there, the normal integrated over the chi-square of the error
+    hit = lambda v: (sps.norm.sf(q*math.sqrt(v/df) - nc) + sps.norm.cdf(-q*math.sqrt(v/df) - nc))*sps.chi2.pdf(v, df)
+    return float(min(1., quad(hit, 0, math.inf, limit=200)[0]))
+
+def smallest_change(spread:float, runs:int, alpha:float, want:float=0.8, df:float|None=None) -> float:
+    "The smallest change (percent) that `power` finds `want` of the time with `runs` runs a side: bisection on the log scale; NaN where no change up to 100 times can be told"
+    if not power(1e4, spread, runs, alpha, df) >= want: return math.nan
+    lo, hi = 0., math.log1p(1e2)
+    for _ in range(30):  # to a billionth of the log range
+        mid = (lo + hi)/2
+        lo, hi = (lo, mid) if power(100*math.expm1(mid), spread, runs, alpha, df) >= want else (mid, hi)
+    return 100*math.expm1(hi)
+
+def runs_needed(spread:float, # One run's standard deviation on the log scale: its own error and the between-run spread
+                change:float, # The change to find, in percent
+                alpha:float, # The test's level (two-sided)
+                want:float=0.8, # How often it must find it
+                most:int=50, # Looked for up to this many runs a side
+               ) -> int|None:
+    "The fewest runs a side with which `compare_runs` finds a `change` (percent) `want` of the time at level `alpha`, one run's log mean spreading by `spread`: Student's t on the runs less two, its power from the noncentral t; None past `most`"
+    if not (change and spread == spread): return None
+    if spread <= 0: return 2
+    if not power(change, spread, most, alpha) >= want: return None
+    lo, hi = 1, most  # the power grows with the runs: bisection
+    while hi - lo > 1:
+        mid = (lo + hi)//2
+        lo, hi = (lo, mid) if power(change, spread, mid, alpha) >= want else (mid, hi)
+    return max(hi, 2)
 
 # %% ../nbs/42_stats.ipynb #7934a737
 def steady(x, v) -> np.ndarray:

@@ -63,7 +63,7 @@ def test_help_lists_every_option(tmp_path):
                 '--save-json', '--html', '--no-progress'):
         assert opt in p.stdout, opt
     top = ' '.join(run('--help', cwd=tmp_path).stdout.split())
-    assert '{demo,compare,tune,report,history,guide,run}' in top and 'run SCRIPT [args...] or run -m MODULE [args...]' in top, top
+    assert '{demo,compare,tune,noise,report,history,guide,run}' in top and 'run SCRIPT [args...] or run -m MODULE [args...]' in top, top
     assert 'fastxtend-prof demo --help' in top and '--epochs' not in top, top
 
 LIGHT = """import sys, contextlib, io

@@ -211,7 +211,7 @@ def test_one_vocabulary_for_the_baseline_the_gate_and_the_format(saved, tmp_path
     assert rc == 0 and (tmp_path/'page.html').read_text().lstrip().lower().startswith('<!doctype html'), out
     rc, out, _ = said('history', b, s, '--html', tmp_path/'also.html')   # the earlier option: the text, and the page beside it
     assert rc == 0 and (tmp_path/'also.html').exists() and 'Saved: page' in out
-    for argv in (['compare', b], ['compare', b, s, '--baseline', b]):   # one run, or three: which is the baseline is not guessed
+    for argv in (['compare', b], ['compare', b, s, b]):   # one run, or three without --baseline: which is the baseline is not guessed
         rc, _, err = said(*argv)
         assert rc == 2 and len(err.splitlines()) == 1 and '--baseline' in err, err
 
@@ -249,3 +249,53 @@ def test_baseline_option_shows_the_comparison_and_advice(saved, capsys):
     assert 'Compared with the baseline: train iteration' in out
     assert any(a.rule == 'baseline' and a.evidence['step'] == 'opt_step' for a in learn.profile_result.advice)
     assert rows(learn.profile_result.baseline).loc['opt_step', 'Result'] == 'slower'
+
+class Level(Callback):
+    "Adds `s` seconds to the recorders' clock in every train batch (it lands in `forward`): the machine's speed for a whole run, no real work"
+    def __init__(self, s): self.s = s
+    def before_batch(self):
+        if self.training: CLOCK.ahead += self.s
+
+LEVELS = (10e-3, 16e-3, 11e-3, 14e-3, 15e-3, 10.5e-3)  # s a batch each of six runs of the same code adds, the whole
+# level moving from run to run by up to 40%, as consecutive fits on a shared machine can. Many times the small MLP's own
+# iteration (2.5-3.5 ms of CPU time), whose CPU time moved 18% between two fits under load: the level is what is known
+
+@pytest.fixture(scope='module')
+def leveled(tmp_path_factory):
+    "Six runs of the same code, each at its own level (`LEVELS`), and three with `GATE_DELAY` in opt_step at the levels of runs 2, 4, 6: saved, a folder a side"
+    d = tmp_path_factory.mktemp('runs')
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        same = [profiled(mlp_learner(**SMALL), 2, [Level(s)]) for s in LEVELS]
+        slow = [profiled(mlp_learner(**SMALL), 2, [Level(s), DelayInStep(GATE_DELAY)]) for s in LEVELS[1::2]]
+    finally: torch.set_num_threads(n)
+    for i, p in enumerate(same): save_profile(p, d/('a' if i % 2 == 0 else 'b')/f'run{i}.json')
+    for i, p in enumerate(slow): save_profile(p, d/'slow'/f'run{i}.json')
+    return same, slow, d
+
+def test_runs_a_side_count_the_level_that_moves_between_runs(leveled):
+    """The same code at a level that moves from run to run (an injected clock: `Level`): one run a side calls the
+    second run slower, as the level moved about 40%, and its verdict says its interval covers the noise inside each run only;
+    three runs a side in turns count the spread between runs and call nothing, and still find a real slowdown through it"""
+    same, slow, _ = leveled
+    one = compare_profiles(same[0], same[1])
+    assert rows(one).loc['iteration', 'Result'] == 'slower' and 'One run a side' in one.attrs['verdict']
+    aa = compare_profiles(same[0::2], same[1::2])
+    t = rows(aa)
+    print(aa.attrs['verdict'])
+    assert t.loc['iteration', 'Result'] == 'no significant change' and t.loc['iteration', 'Test'] == 't on 3 + 3 runs'
+    assert t.loc['iteration', 'Between-Run %'] > 3 and '3 + 3 runs' in aa.attrs['verdict']
+    found = compare_profiles(same[0::2], slow)
+    assert rows(found).loc['opt_step', 'Result'] == 'slower' and slower_than(found, 10), found.attrs['verdict']
+
+def test_cli_compares_a_folder_a_side_and_several_files(leveled):
+    "`compare BASE_DIR NEW_DIR` and `compare NEW... --baseline BASE...`: the runs a side, the gate on them"
+    _, _, d = leveled
+    aa = run_cli(d/'a', d/'b', '--fail-on-regression', 10)
+    assert aa.returncode == 0 and '3 + 3 runs' in aa.stdout and 'gate passed' in aa.stdout, aa.stdout + aa.stderr
+    slow = run_cli(*sorted((d/'slow').glob('*.json')), '--baseline', *sorted((d/'a').glob('*.json')), '--fail-on-regression', 10)
+    assert slow.returncode == 1 and 'gate FAILED' in slow.stdout, slow.stdout + slow.stderr
+    empty = d/'empty'; empty.mkdir()
+    bad = run_cli(d/'a', empty)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and 'without run files' in bad.stderr, bad.stderr

@@ -1,0 +1,151 @@
+"""How often `compare_profiles` calls identical code "slower" or "faster", and how often it finds a real 10% slowdown,
+with one run a side and with several, on real fits of a compute-bound MLP (every step CPU work) as a user's runs are.
+
+Two parts, so that the fits (the slow part, run under the load you want) and the analysis are apart:
+
+    # the fits: A alone (A/A), then A and B in turns (B does a fixed amount of extra compute before each optimizer
+    # step, sized at the start to about 10% of A's iteration); one JSON profile per fit
+    ../shared/tools/under-varying-load python benchmarks/compare_runs.py collect runs_varying --fits 600
+    ../shared/tools/under-load -n 2 python benchmarks/compare_runs.py collect runs_steady --fits 600
+    # the machine's noise as `learn.noise_find()` measures it on A's Learner, under the same load: noise*.json in the folder
+    ../shared/tools/under-varying-load python benchmarks/compare_runs.py noise runs_varying
+    # the verdicts on them: 1 v 1 consecutive A/A pairs, 3 v 3 (and 5 v 5) groups of consecutive A fits, in turns
+    # (ABABAB) and one side after the other (AAABBB); the same groups of A and B for the power
+    python benchmarks/compare_runs.py analyze runs_varying
+
+Each rate is printed with its 95% interval (Clopper and Pearson). A fit is one process's fit after a first, unprofiled
+one, as CI's nightly job would be run after run; the machine's level moves between fits wherever the load does.
+"""
+import argparse, json, pathlib, time
+import numpy as np
+
+WIDTH, BS, BATCHES = 512, 128, 60  # the MLP: about 8 ms an iteration on a quiet 2-core VM, one torch thread
+
+def learner(extra:int=0):
+    import torch
+    from torch import nn
+    from fastai.basics import Learner, DataLoaders, CrossEntropyLossFlat, Callback
+    class ExtraWork(Callback):
+        "`n` matrix products before each optimizer step: real compute, the same every batch (its own tensors, no random draws)"
+        def __init__(self, n):
+            self.n, g = n, torch.Generator().manual_seed(1)
+            self.a, self.b = torch.randn(128, 256, generator=g), torch.randn(256, 256, generator=g)
+        def before_step(self):
+            for _ in range(self.n): self.a @ self.b
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(BATCHES*BS, 64, generator=g), torch.randint(0, 10, (BATCHES*BS,), generator=g)
+    dls = DataLoaders.from_dsets(list(zip(x, y)), list(zip(x[:4*BS], y[:4*BS])), bs=BS, num_workers=0)
+    model = nn.Sequential(nn.Linear(64, WIDTH), nn.ReLU(), nn.Linear(WIDTH, WIDTH), nn.ReLU(), nn.Linear(WIDTH, 10))
+    return Learner(dls, model, loss_func=CrossEntropyLossFlat(), cbs=[ExtraWork(extra)] if extra else [])
+
+def fit(extra:int):
+    "One profiled fit of one epoch: its `SavedProfile`"
+    import fastxtend_prof.all  # noqa: F401  (learn.profile)
+    from fastxtend_prof.saved import profile_of
+    learn = learner(extra)
+    with learn.no_logging(), learn.no_mbar(): learn.fit(1)  # one-off costs (allocator, kernels) out of the profile
+    learn.profile(show_report=False)
+    with learn.no_logging(), learn.no_mbar(): learn.fit(1)
+    return profile_of(learn)
+
+def iteration(p) -> float: return float(np.mean(p.distributions[('train', 'iteration')]))
+
+def noise(a):
+    "`learn.noise_find()` on A's Learner, its record saved in the folder (`noise.json`, or `--name`)"
+    import torch
+    import fastxtend_prof.all  # noqa: F401  (learn.noise_find)
+    torch.set_num_threads(1)
+    out = pathlib.Path(a.folder); out.mkdir(parents=True, exist_ok=True)
+    learn = learner()
+    with learn.no_logging(), learn.no_mbar(): learn.fit(1)  # one-off costs, as before each fit
+    learn.noise_find(trials=a.trials, save=out/a.name)
+
+def collect(a):
+    import torch
+    from fastxtend_prof.saved import save_profile
+    torch.set_num_threads(1)
+    out = pathlib.Path(a.folder); out.mkdir(parents=True, exist_ok=True)
+    base = iteration(fit(0))
+    t0 = time.perf_counter(); n = 2000
+    A, B = torch.randn(128, 256), torch.randn(256, 256)
+    for _ in range(n): A @ B
+    mm = (time.perf_counter() - t0)/n
+    extra = max(1, round(0.10*base/mm))
+    print(f'iteration {base*1e3:.2f} ms, one product {mm*1e6:.0f} µs: {extra} products a step (about 10%)', flush=True)
+    (out/'plan.json').write_text(json.dumps(dict(extra=extra, iteration=base, product=mm, fits=a.fits)))
+    t0 = time.time()
+    for i in range(a.fits):  # the first half A alone, then A and B in turns
+        kind = 'A' if i < a.fits//2 or i % 2 == 0 else 'B'
+        p = fit(extra if kind == 'B' else 0)
+        save_profile(p, out/f'{i:04d}_{kind}.json')
+        if i % 20 == 0: print(f'{i}/{a.fits} fits, {time.time() - t0:.0f} s; {kind} {iteration(p)*1e3:.2f} ms', flush=True)
+
+def rate(k:int, n:int) -> str:
+    from scipy.stats import beta
+    lo = beta.ppf(0.025, k, n - k + 1) if k else 0.
+    hi = beta.ppf(0.975, k + 1, n - k) if k < n else 1.
+    return f'{k}/{n} = {100*k/n:.1f}% ({100*lo:.1f}-{100*hi:.1f}%)'
+
+def analyze(a):
+    from fastxtend_prof.saved import load_profile
+    from fastxtend_prof.compare import compare_profiles
+    from fastxtend_prof.noise import load_noise
+    from fastxtend_prof.stats import power
+    folder = pathlib.Path(a.folder)
+    records = {f.stem: load_noise(f) for f in sorted(folder.glob('noise*.json'))}
+    files = sorted(folder.glob('[0-9]*_?.json'))
+    runs = [(f.stem[-1], load_profile(f)) for f in files]
+    half = json.loads((folder/'plan.json').read_text())['fits']//2
+    aa, ab = [r for k, r in runs[:half]], runs[half:]
+    As, Bs = [r for k, r in ab if k == 'A'], [r for k, r in ab if k == 'B']
+    lvl = np.log([iteration(r) for r in aa])
+    print(f'{len(aa)} A/A fits, {len(As)} A and {len(Bs)} B in turns; A/A iteration: between-fit sd {np.std(lvl, ddof=1):.3f} '
+          f'(log), consecutive fits differ by a median {100*np.median(np.abs(np.expm1(np.diff(lvl)))):.1f}%')
+    effect = float(np.median([iteration(b)/iteration(x) - 1 for x, b in zip(As, Bs)]))
+    print(f'B against A, the median of neighbouring pairs: {100*effect:+.1f}%')
+    for name, r in records.items():
+        print(f'{name}: {r.trials} trials, between {r.between:.3f}, within {r.within:.3f}, spread {r.spread:.3f} (log): '
+              f'{r.spread/np.std(lvl, ddof=1):.2f}x the fits\' between-fit sd; predicted power for B\'s {100*effect:+.1f}% at '
+              'alpha 0.01: ' + ', '.join(f'{k} a side {100*power(100*effect, r.spread, k, 0.01):.0f}%' for k in (3, 5, 10)) +
+              f'; {r.runs_for(100*effect) or "more than 50"} runs a side for 80%')
+    d = np.abs(np.diff(lvl))
+    print(f"the fits' between-fit sd read robustly (the median consecutive difference over 0.954, a normal's): {np.median(d)/0.954:.3f}")
+    def called(b, n, **kw):
+        it = compare_profiles(b, n, **kw).set_index(['Phase', 'Step']).loc[('train', 'iteration')]
+        return bool(it['Significant']), float(it[ 'Change %'])
+    settings = {'defaults': {}, 'test alone (min_change 0)': dict(min_change=0, min_share=0)}
+    rows = []
+    for name, kw in settings.items():
+        one = [called(aa[i], aa[i + 1], **kw)[0] for i in range(0, len(aa) - 1, 2)]
+        rows.append((name, '1 v 1 A/A, consecutive', rate(sum(one), len(one))))
+        for noise_name, r in records.items():
+            one = [called(aa[i], aa[i + 1], noise=r, **kw)[0] for i in range(0, len(aa) - 1, 2)]
+            rows.append((name, f'1 v 1 A/A, consecutive, with {noise_name}', rate(sum(one), len(one))))
+        for k in (3, 5, 10):
+            groups = [aa[i:i + 2*k] for i in range(0, len(aa) - 2*k + 1, 2*k)]
+            turns = [called(g[0::2], g[1::2], **kw)[0] for g in groups]
+            apart = [called(g[:k], g[k:], **kw)[0] for g in groups]
+            power = [called(As[i:i + k], Bs[i:i + k], **kw) for i in range(0, min(len(As), len(Bs)) - k + 1, k)]
+            first = next(iter(records.items()), None)
+            floor = ([] if first is None else
+                     [(name, f'{k} v {k} A/A, one side then the other, with {first[0]}',
+                       rate(sum(called(g[:k], g[k:], noise=first[1], **kw)[0] for g in groups), len(groups)))])
+            rows += [(name, f'{k} v {k} A/A, in turns', rate(sum(turns), len(turns))),
+                     (name, f'{k} v {k} A/A, one side then the other', rate(sum(apart), len(apart))), *floor,
+                     (name, f'{k} v {k} A then B (+10%), in turns: found slower',
+                      rate(sum(s and c > 0 for s, c in power), len(power)))]
+    print('\n| setting | comparison | called |\n|---|---|---:|')
+    for r in rows: print('| ' + ' | '.join(r) + ' |')
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
+    sub = ap.add_subparsers(dest='cmd', required=True)
+    c = sub.add_parser('collect'); c.add_argument('folder'); c.add_argument('--fits', type=int, default=600)
+    c.set_defaults(func=collect)
+    z = sub.add_parser('analyze'); z.add_argument('folder'); z.set_defaults(func=analyze)
+    n = sub.add_parser('noise'); n.add_argument('folder'); n.add_argument('--trials', type=int, default=8)
+    n.add_argument('--name', default='noise.json'); n.set_defaults(func=noise)
+    a = ap.parse_args()
+    a.func(a)
+
+if __name__ == '__main__': main()
