@@ -29,6 +29,7 @@ ALLOWED = {
     ('events.py', 'watched_fit', 'fit'): "the name of `Learner.fit` among fastai's originals that `install` keeps",
     ('events.py', 'uninstall', 'fit'): "the name of `Learner.fit` among fastai's originals that `install` keeps",
     ('simpleprofiler.py', '_check_options', 'warmup'): "the `warmup` option of `learn.profile`",
+    ('noise_find.py', 'noise_find', 'warmup'): "the `warmup` option of `learn.noise_find`, named in its error",
     ('simpleprofiler.py', '', 'warmup'): "the `warmup` option, which fastxtend's `drop_first_batch` sets (`_ALIASES`)",
     ('simpleprofiler.py', 'SimpleProfilerCallback', 'draw'): "the `draw` mark of the recorder's `MARKS`, which `before_draw` hands over",
     ('trace.py', 'files', 'trace'): "the file of the `trace` option, among the files a profile writes",
