@@ -1566,7 +1566,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'fastxtend_prof.tune.TuneContext.plain': ('tune.html#tunecontext.plain', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune.TuneContext.read': ('tune.html#tunecontext.read', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._assign': ('tune.html#_assign', 'fastxtend_prof/tune.py'),
-                                     'fastxtend_prof.tune._block': ('tune.html#_block', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._brief': ('tune.html#_brief', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._check_find': ('tune.html#_check_find', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._core_wait': ('tune.html#_core_wait', 'fastxtend_prof/tune.py'),
@@ -1632,5 +1631,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'fastxtend_prof.tune.set_transforms_device': ( 'tune.html#set_transforms_device',
                                                                                     'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune.steady_times': ('tune.html#steady_times', 'fastxtend_prof/tune.py'),
+                                     'fastxtend_prof.tune.trial_block': ('tune.html#trial_block', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune.tune_context': ('tune.html#tune_context', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune.without_last': ('tune.html#without_last', 'fastxtend_prof/tune.py')}}}

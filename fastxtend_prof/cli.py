@@ -143,8 +143,8 @@ def parser():
                    help="smallest change, in percent of the phase's iteration time, called significant (default: "
                         f"{MIN_SHARE:g})")
     c.add_argument('--noise', metavar='PATH',
-                   help="a noise record (fastxtend-prof noise, learn.noise_find(save=...)): the machine's spread between "
-                        'runs, counted for each run (with one run a side) or as the least the runs assume (several)')
+                   help="a noise record (fastxtend-prof noise, learn.noise_find(save=...)): each run at least as far "
+                        "from the machine's level as a trial of the record was")
     c.add_argument('--plot', metavar='PATH', help='save the side-by-side chart to this PNG file')
     c.add_argument('--format', choices=FORMATS[:3], default='text',
                    help="text (default); md: a pull request's markdown of NEW and its comparison; json: the summary "

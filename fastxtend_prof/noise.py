@@ -39,7 +39,7 @@ class Noise:
         return float(np.median(self.errors))
     @property
     def between(self) -> float:
-        "The standard deviation of a trial's level on the log scale beyond its own error: what the machine does between trials, which no trial's batches show. The trials' spread less their own mean variance (Hedges' estimator: trials of one length count alike; DerSimonian and Laird's, weighed by each trial's own error, read 20% where the trials' levels spread by 52%, the quiet trials weighing most)"
+        "The standard deviation of a trial's level on the log scale beyond its own error: what the machine does between trials, which no trial's batches show. The trials' spread less their own mean variance (Hedges' estimator: trials of one length count alike; weighing each by its own error, as DerSimonian and Laird do, lets the quietest trials hide a moving level)"
         x, v = np.log(self.levels), np.square(self.errors)
         return float(math.sqrt(max(0., float(np.var(x, ddof=1)) - float(v.mean()))))
     @property
@@ -49,8 +49,8 @@ class Noise:
         "One trial's standard deviation about the machine's level, on the log scale: its own error and the between-trial spread"
         return math.hypot(self.within, self.between)
     def smallest(self, runs:int=1, alpha:float=ALPHA, want:float=POWER) -> float:
-        "The smallest change (percent) a comparison at `alpha` finds `want` of the time with `runs` runs a side that spread as these trials did: one a side with this record (its spread known), several on the runs' own"
-        return smallest_change(self.spread, runs, alpha, want, df=math.inf if runs == 1 else None)
+        "The smallest change (percent) a comparison at `alpha` finds `want` of the time with `runs` runs a side that spread as these trials did: one a side with this record (Student's t on the record's trials, twice: each run floored by it), several on the runs' own"
+        return smallest_change(self.spread, runs, alpha, want, df=2*self.between_df if runs == 1 else None)
     def runs_for(self, change:float, alpha:float=ALPHA, want:float=POWER) -> int|None:
         "The fewest runs a side that find a `change` (percent) `want` of the time at `alpha`, on the runs' own spread (`stats.runs_needed`)"
         return runs_needed(self.spread, change, alpha, want)
@@ -66,7 +66,7 @@ def noise_text(n:Noise, alpha:float=ALPHA, change:float=10.) -> str:
         f'  inside a trial: its mean is known to {pct(n.within)} (a standard error, from its own batches)',
         f"  between trials: {pct(n.between)} (the machine's level, which no trial's own batches show)",
         f'The smallest change found {POWER:.0%} of the time at alpha {alpha:g}: ' + ', '.join(
-            f"{small(k)} with {k} run{'s' if k > 1 else ''} a side" for k in SIDES),
+            f"{small(k)} with {k} run{'s' if k > 1 else ''} a side" + (' and this record' if k == 1 else '') for k in SIDES),
         f'A {change:g}% change needs {need} runs a side' if need else f'A {change:g}% change needs more than 50 runs a side'])
 
 def save_noise(n:Noise, path) -> Path:

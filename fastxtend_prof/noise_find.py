@@ -15,7 +15,8 @@ from .recorder import check_int, check_number, check_sync
 from .report import format_duration
 from .stats import estimate
 from .distributed import data_parallel
-from .tune import LearnerState, run_trial, set_aside, _block, _KEY
+from .tune import LearnerState, run_trial, set_aside, trial_block
+from .compare import HEADLINE
 from .noise import Noise, noise_text, save_noise
 
 @patch
@@ -43,7 +44,7 @@ def noise_find(self:Learner,
             for i in range(trials):
                 if i >= 2 and time.monotonic() >= deadline: break
                 prof = run_trial(self, batches, warmup, deadline if i >= 2 else math.inf, sync)
-                e = estimate(prof.distributions.get(_KEY, []), _block(batches, prof))
+                e = estimate(prof.distributions.get(HEADLINE, []), trial_block(batches, prof))
                 if not (e.mean > 0 and e.se == e.se): continue  # a trial the budget cut to one batch: nothing to read
                 levels.append(e.mean); errors.append(e.se/e.mean); meta = prof.metadata
                 say(f'noise_find: trial {i + 1} of {trials}: {format_duration(e.mean)} a batch (±{100*e.se/e.mean:.1f}%, {e.n} batches)')

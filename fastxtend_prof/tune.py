@@ -13,7 +13,7 @@ __all__ = ['TARGET_SHARE', 'MIN_PREDICTED', 'RETRY_P', 'RETRY_CHANGE', 'KNEE', '
            'set_transforms_device', 'set_optimizer_flag', 'set_channels_last', 'set_mixed_precision', 'set_threads',
            'set_batch_size', 'set_item_cache', 'batch_resize', 'set_resize_on_batch', 'probe_resize', 'Strategy',
            'register_strategy', 'allowed', 'probe_loader', 'TrialEnd', 'set_aside', 'run_trial', 'without_last',
-           'pooled', 'SpeedResult', 'append_record', 'prediction_range', 'calibration', 'load_speed']
+           'pooled', 'SpeedResult', 'append_record', 'prediction_range', 'calibration', 'load_speed', 'trial_block']
 
 # %% ../nbs/17_tune.ipynb #298c8c3a
 import copy, gc, json, math, os, random, time
@@ -1070,11 +1070,11 @@ def _judge(f, prof, start, best, bs0:int, batches:int, alpha:float, min_change:f
     ("`(kept, row, vs_best)`: the trial `prof` of `f` against the start and the best so far, kept when significantly "
      "faster than the best")
     judge = lambda x, y: _iteration_row(compare_profiles(_per_start_batch(x, bs0), _per_start_batch(y, bs0), alpha=alpha, min_change=min_change,
-                                                         block=_block(batches, x, y)))
+                                                         block=trial_block(batches, x, y)))
     vs_start = judge(start, prof)
     vs_best = vs_start if best is start else judge(best, prof)
     ok = bool(vs_best.get('Significant')) and vs_best.get(CHANGE, 0) < 0
-    mp = _measured(_per_start_batch(prof, bs0), _block(batches, prof))
+    mp = _measured(_per_start_batch(prof, bs0), trial_block(batches, prof))
     note = ('kept' if ok else f"{vs_best.get(CHANGE, math.nan):+.0f}% against the best so far: not significantly faster"
             if best is not start else 'not significantly faster')
     if mp['Batches'] < batches: note += f" (cut short by the budget: {mp['Batches']} batches)"
@@ -1149,7 +1149,7 @@ def speed_find(self:Learner,
     try:
         with self.removed_cbs(set_aside(self)):
             start = run_trial(self, batches, warmup, deadline, sync)
-            m = _measured(start, _block(batches, start))
+            m = _measured(start, trial_block(batches, start))
             rows.append(_row(0, None, m, {}, False, 'the configuration as it was', time.monotonic() - t0))
             say(f"speed_find: start: {format_duration(m['Mean'])} a batch on average, {m['Samples/s']:,.0f} samples/s "
                 f"({m['Batches']} batches)")
@@ -1236,7 +1236,7 @@ def speed_find(self:Learner,
 
 
 # %% ../nbs/17_tune.ipynb #f338cd7b
-def _block(batches:int, *profs) -> int:
+def trial_block(batches:int, *profs) -> int:
     ("Batches per block for the statistics of `profs`: as many as the most workers among them hand over at once, "
      "leaving 10 blocks or more")
     return max(1, min(max(p.metadata.get(META.num_workers) or 0 for p in profs), batches//10))
