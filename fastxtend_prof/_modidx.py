@@ -186,6 +186,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'fastxtend_prof.cli._accept_file': ('cli.html#_accept_file', 'fastxtend_prof/cli.py'),
                                     'fastxtend_prof.cli._base_and_new': ('cli.html#_base_and_new', 'fastxtend_prof/cli.py'),
                                     'fastxtend_prof.cli._command': ('cli.html#_command', 'fastxtend_prof/cli.py'),
+                                    'fastxtend_prof.cli._demo_learner_options': ('cli.html#_demo_learner_options', 'fastxtend_prof/cli.py'),
                                     'fastxtend_prof.cli._emit': ('cli.html#_emit', 'fastxtend_prof/cli.py'),
                                     'fastxtend_prof.cli._error': ('cli.html#_error', 'fastxtend_prof/cli.py'),
                                     'fastxtend_prof.cli._non_negative': ('cli.html#_non_negative', 'fastxtend_prof/cli.py'),

@@ -67,6 +67,13 @@ def _unrecognized(words:list, known:list) -> str:
 
 RUN_HELP = 'profile every fit of a fastai script, unchanged: run SCRIPT [args...] or run -m MODULE [args...]'
 
+def _demo_learner_options(p, workers:str=''):
+    "The options of the demo's Learner that `tune` and `noise` run trials of: `--bs`, `--num-workers` (`workers` says more of them), `--device`"
+    p.add_argument('--bs', type=_positive_int, default=64, help='batch size (default: 64)')
+    p.add_argument('--num-workers', type=_non_negative(int), default=0,
+                   help=f"DataLoader worker processes{' ' + workers if workers else ''} (default: 0)")
+    p.add_argument('--device', choices=DEVICES, default='auto', help='where to train: auto, cpu or cuda (default: auto)')
+
 def parser():
     ("The `fastxtend-prof` argument parser (`run` is listed, but `main` hands it its arguments before this parser sees "
      "them)")
@@ -157,13 +164,9 @@ def parser():
                        description='Run learn.speed_find() on the demo: profile the starting configuration, try the '
                                    'fixes its profile points to, '
                                    'and print each trial with its prediction, its measured change and the verdict.')
-    t.add_argument('--bs', type=_positive_int, default=64, help='batch size (default: 64)')
-    t.add_argument('--num-workers', type=_non_negative(int), default=0,
-                   help='DataLoader worker processes to start from (default: 0)')
+    _demo_learner_options(t, 'to start from')
     t.add_argument('--slow-data', type=_non_negative(float), default=0., metavar='SECONDS',
                    help='extra loading time per batch: a data-bound run the tuner can fix (default: 0)')
-    t.add_argument('--device', choices=DEVICES, default='auto',
-                   help='where to train: auto, cpu or cuda (default: auto)')
     t.add_argument('--max-time', type=_number(float, 1e-9, 'a positive number of seconds'), default=60.,
                    metavar='SECONDS', help='budget of the whole search (default: 60)')
     t.add_argument('--batches', type=_number(int, 2, 'an integer >= 2'), default=40,
@@ -179,9 +182,7 @@ def parser():
                        description='Run learn.noise_find() on the demo: short trials of it as it is, back to back; print '
                                    'the spread inside a trial and between trials and the smallest change a comparison '
                                    'can find with 1, 3, 5 and 10 runs a side; with -o, write the record.')
-    n.add_argument('--bs', type=_positive_int, default=64, help='batch size (default: 64)')
-    n.add_argument('--num-workers', type=_non_negative(int), default=0, help='DataLoader worker processes (default: 0)')
-    n.add_argument('--device', choices=DEVICES, default='auto', help='where to train: auto, cpu or cuda (default: auto)')
+    _demo_learner_options(n)
     n.add_argument('--trials', type=_number(int, 2, 'an integer >= 2'), default=8, help='trials (default: 8)')
     n.add_argument('--batches', type=_number(int, 2, 'an integer >= 2'), default=40,
                    help='steady train batches a trial (default: 40)')

@@ -21,7 +21,7 @@ change is kept out of what is asserted:
 - The runs with a delay train a small MLP (`SMALL`): its real work, which load stretches without bound, stays small
   against the delay, which load cannot stretch (at a load of about 13 the larger MLP's iteration averaged 91 ms, and
   10 ms of delay was +11% of it, under the 15% a change needs)."""
-import gc, json, subprocess, sys, time
+import contextlib, gc, json, subprocess, sys, time
 import numpy as np, pytest, torch
 from torch import nn
 from fastai.basics import Learner, DataLoaders, Callback, CrossEntropyLossFlat
@@ -177,14 +177,19 @@ def test_raw_summaries_and_mixed(kinds):
 def run_cli(*args):
     return subprocess.run([sys.executable, '-m', 'fastxtend_prof', 'compare', *map(str, args)], capture_output=True, text=True, timeout=300)
 
+@contextlib.contextmanager
+def torch_thread():
+    "One torch thread inside the block, as `one_thread` gives each test, for the module's fixtures"
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try: yield
+    finally: torch.set_num_threads(n)
+
 @pytest.fixture(scope='module')
 def saved(tmp_path_factory):
     "base.json and slow.json: a run without and with the delay (`with_delay`), saved the way a profile saves itself"
     d = tmp_path_factory.mktemp('profiles')
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try: base, slow = with_delay(GATE_DELAY)
-    finally: torch.set_num_threads(n)
+    with torch_thread(): base, slow = with_delay(GATE_DELAY)
     save_profile(base, d/'base.json'); save_profile(slow, d/'slow.json')
     return d
 
@@ -264,12 +269,9 @@ LEVELS = (10e-3, 16e-3, 11e-3, 14e-3, 15e-3, 10.5e-3)  # s a batch each of six r
 def leveled(tmp_path_factory):
     "Six runs of the same code, each at its own level (`LEVELS`), and three with `GATE_DELAY` in opt_step at the levels of runs 2, 4, 6: saved, a folder a side"
     d = tmp_path_factory.mktemp('runs')
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
+    with torch_thread():
         same = [profiled(mlp_learner(**SMALL), 2, [Level(s)]) for s in LEVELS]
         slow = [profiled(mlp_learner(**SMALL), 2, [Level(s), DelayInStep(GATE_DELAY)]) for s in LEVELS[1::2]]
-    finally: torch.set_num_threads(n)
     for i, p in enumerate(same): save_profile(p, d/('a' if i % 2 == 0 else 'b')/f'run{i}.json')
     for i, p in enumerate(slow): save_profile(p, d/'slow'/f'run{i}.json')
     return same, slow, d
