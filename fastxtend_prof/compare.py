@@ -20,7 +20,7 @@ from .saved import (COMPARED, SavedProfile, result_rows, result_value, as_profil
 from .stage_rows import stage_view
 from .advice import Advice, fill_text
 from .features import FEATURES, Feature, Later, register_feature
-from .stats import BLOCK, CHANGE, CHANGE_COLS, CI_HIGH, CI_LOW, P_VALUE, compare, compare_runs, estimate, runs_needed  # the one model behind every verdict
+from .stats import BLOCK, CHANGE, CHANGE_COLS, CI_HIGH, CI_LOW, P_VALUE, compare, compare_runs, estimate, runs_needed, MOST_RUNS  # the one model behind every verdict
 from .noise import Noise, as_noise
 from .defaults import ALPHA, MIN_CHANGE, MIN_SHARE  # shared with the command line's parser, which must not import this module
 
@@ -198,7 +198,7 @@ def runs_note(cmp:pd.DataFrame) -> str:
     between = float(it['Between-Run %'].iloc[0]) if len(it) else math.nan
     said = f'{kb} + {kn} runs' + (f", the iteration's {between:.1f}% apart from run to run" if between == between else '')
     if k: return said + plan
-    return said + (f' (with that spread, more than 50 runs a side would be needed to find a {mc:g}% change)' if mc > 0 and between == between else '')
+    return said + (f' (with that spread, more than {MOST_RUNS} runs a side would be needed to find a {mc:g}% change)' if mc > 0 and between == between else '')
 
 def comparison_verdict(cmp:pd.DataFrame) -> str:
     "`cmp` (`compare_profiles`) in one line: the train iteration's change with its interval, then each train step's"

@@ -10,7 +10,7 @@ import json, math
 from pathlib import Path
 from dataclasses import dataclass, field
 import numpy as np
-from .stats import runs_needed, smallest_change
+from .stats import MOST_RUNS, runs_needed, smallest_change
 from .saved import ProfileFileError, atomic_write_text, read_doc
 from .report import format_duration
 from .defaults import ALPHA
@@ -67,7 +67,7 @@ def noise_text(n:Noise, alpha:float=ALPHA, change:float=10.) -> str:
         f"  between trials: {pct(n.between)} (the machine's level, which no trial's own batches show)",
         f'The smallest change found {POWER:.0%} of the time at alpha {alpha:g}: ' + ', '.join(
             f"{small(k)} with {k} run{'s' if k > 1 else ''} a side" + (' and this record' if k == 1 else '') for k in SIDES),
-        f'A {change:g}% change needs {need} runs a side' if need else f'A {change:g}% change needs more than 50 runs a side'])
+        f'A {change:g}% change needs {need} runs a side' if need else f'A {change:g}% change needs more than {MOST_RUNS} runs a side'])
 
 def save_noise(n:Noise, path) -> Path:
     "Write the record `n` to `path` as JSON (its folders made, atomically)"

@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['BLOCK', 'CHANGE', 'CI_LOW', 'CI_HIGH', 'P_VALUE', 'CHANGE_COLS', 'CONFIDENCE', 'MIN_BLOCKS', 'MIN_AR_BLOCKS',
-           'MAX_AR', 'MIN_DF', 'Estimate', 'block_means', 'estimate', 'student', 'compare', 'between', 'weights',
-           'level', 'compare_runs', 'power', 'smallest_change', 'runs_needed', 'steady', 'scan', 'null_max',
+           'MAX_AR', 'MIN_DF', 'MOST_RUNS', 'Estimate', 'block_means', 'estimate', 'student', 'compare', 'between',
+           'weights', 'level', 'compare_runs', 'power', 'smallest_change', 'runs_needed', 'steady', 'scan', 'null_max',
            'adjusted_p', 'segment']
 
 # %% ../nbs/42_stats.ipynb #059f1aee
@@ -126,6 +126,8 @@ def level(x, v) -> tuple:
     return mu, np.sqrt(np.maximum(phi, 1.)/sw) if k > 1 else np.sqrt(1/sw), tau2, phi
 
 # %% ../nbs/42_stats.ipynb #5a16446a
+MOST_RUNS = 50  # runs a side `runs_needed` looks as far as; past it, a plan says 'more than' that
+
 def _side_levels(x, v, tau2:float, floor:float=0.) -> tuple:
     "`(mu, sw, q)` of one side's runs `x` (log means; `v` their own variances) weighed by one over `v` + `tau2` (at least `floor` squared): their level, the weights' sum, and their weighted spread about the level"
     w = 1/np.maximum(v + tau2, floor**2)
@@ -199,7 +201,7 @@ def runs_needed(spread:float, # One run's standard deviation on the log scale: i
                 change:float, # The change to find, in percent
                 alpha:float, # The test's level (two-sided)
                 want:float=0.8, # How often it must find it
-                most:int=50, # Looked for up to this many runs a side
+                most:int=MOST_RUNS, # Looked for up to this many runs a side
                ) -> int|None:
     "The fewest runs a side with which `compare_runs` finds a `change` (percent) `want` of the time at level `alpha`, one run's log mean spreading by `spread`: Student's t on the runs less two, its power from the noncentral t; None past `most`"
     if not (change and spread == spread): return None
