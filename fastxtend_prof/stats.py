@@ -5,8 +5,8 @@
 # %% auto #0
 __all__ = ['BLOCK', 'CHANGE', 'CI_LOW', 'CI_HIGH', 'P_VALUE', 'CHANGE_COLS', 'CONFIDENCE', 'MIN_BLOCKS', 'MIN_AR_BLOCKS',
            'MAX_AR', 'MIN_DF', 'MOST_RUNS', 'Estimate', 'block_means', 'estimate', 'student', 'compare', 'between',
-           'weights', 'level', 'compare_runs', 'power', 'smallest_change', 'runs_needed', 'steady', 'scan', 'null_max',
-           'adjusted_p', 'segment']
+           'weights', 'level', 'compare_runs', 'power', 'smallest_change', 'runs_needed', 'Paired', 'paired', 'chain',
+           'pairs_needed', 'spread_bound', 'steady', 'scan', 'null_max', 'adjusted_p', 'segment']
 
 # %% ../nbs/42_stats.ipynb #059f1aee
 import math
@@ -212,6 +212,87 @@ def runs_needed(spread:float, # One run's standard deviation on the log scale: i
         mid = (lo + hi)//2
         lo, hi = (lo, mid) if power(change, spread, mid, alpha) >= want else (mid, hi)
     return max(hi, 2)
+
+# %% ../nbs/42_stats.ipynb #d5057ea0
+@dataclass(frozen=True)
+class Paired:
+    "The change of a mean read from blocks of two configurations run in turns: percent, its interval, the one-sided p of 'faster', and what it rests on"
+    change:float # Percent, `new` against `base` (the mean of the pairs' log differences)
+    low:float # The interval's ends, percent
+    high:float
+    p_faster:float # One-sided: the chance of a mean this far below zero were nothing changed
+    pairs:int # Pairs of blocks
+    log:float # The mean log difference
+    se:float # Its standard error
+    df:float # Its degrees of freedom (the pairs less one)
+    spread:float # The standard deviation of one pair's log difference
+
+    def columns(self) -> dict: return {CHANGE: self.change, CI_LOW: self.low, CI_HIGH: self.high, P_VALUE: self.p_faster}
+
+def _paired(d:float, se:float, df:float, n:int, spread:float, confidence:float, p:float|None=None, ends:tuple|None=None) -> Paired:
+    lim = lambda y: 100*math.expm1(max(min(y, 700.), -700.))
+    if ends is not None: return Paired(lim(d), lim(ends[0]), lim(ends[1]), p, n, d, se, df, spread)
+    if not (se == se and df > 0): return Paired(lim(d), math.nan, math.nan, math.nan, n, d, se, df, spread)
+    ppf, sf = student(df)
+    q = float(ppf(0.5 + confidence/2))
+    p = float(sf(-d/se)) if se > 0 else float(d >= 0)
+    return Paired(lim(d), lim(d - q*se), lim(d + q*se), p, n, d, se, df, spread)
+
+def paired(base, # The mean seconds a batch of each block of one configuration, in the order the pairs ran
+           new, # The other's, pair by pair
+           confidence:float=CONFIDENCE, # Of the interval
+          ) -> Paired:
+    "How `new` differs from `base`, each pair of blocks (one of each, back to back, in an order drawn at random) the unit of evidence: Wilcoxon's signed-rank test on the pairs' log differences, the Hodges-Lehmann change (the median of their Walsh averages) and its interval"
+    b, n = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
+    if b.shape != n.shape or b.ndim != 1: raise ValueError(f'`base` and `new` are blocks a pair apart: got {b.shape} and {n.shape}')
+    if not (len(b) and (b > 0).all() and (n > 0).all()): raise ValueError('each block needs a mean above 0 s')
+    d = np.log(n/b)
+    k = len(d)
+    walsh = np.sort((d[:, None] + d[None, :])[np.triu_indices(k)]/2)
+    hl, m = float(np.median(walsh)), len(walsh)
+    # a robust standard deviation of one pair's difference (a slow block the scheduler left out stays one rank)
+    spread = 1.4826*float(np.median(np.abs(d - np.median(d)))) if k > 1 else math.nan
+    if k < 2: return Paired(100*math.expm1(hl), math.nan, math.nan, math.nan, k, hl, math.nan, 0., spread)
+    # under no change each difference is as likely either sign, whatever the level did, as the order was drawn: exact
+    p = 1. if not d.any() else float(sps.wilcoxon(d, alternative='less').pvalue)
+    # the interval: the Walsh averages between the signed-rank statistic's lower and upper critical values
+    z = float(sps.norm.ppf(0.5 + confidence/2))
+    c = int(math.floor(m/2 - z*math.sqrt(k*(k + 1)*(2*k + 1)/24)))
+    ends = (float(walsh[c]), float(walsh[m - 1 - c])) if 0 <= c < m - 1 - c else (-math.inf, math.inf)
+    se = (ends[1] - ends[0])/(2*z) if math.isfinite(ends[0]) else math.nan
+    return _paired(hl, se, k - 1., k, spread, confidence, p, ends)
+
+def chain(*steps:Paired, confidence:float=CONFIDENCE) -> Paired:
+    "The change over `steps` taken one after another (each from the end of the one before): the log changes and their variances add"
+    if not steps: raise ValueError('`chain` needs a step or more')
+    if len(steps) == 1: return steps[0]
+    d, v = sum(s.log for s in steps), [s.se**2 for s in steps]
+    df = _welch_df(*(x for s, vi in zip(steps, v) for x in (vi, s.df)))
+    return _paired(d, math.sqrt(sum(v)), df, min(s.pairs for s in steps), math.nan, confidence)
+
+def pairs_needed(spread:float, # One pair's log difference's standard deviation (a pilot's `Paired.spread`)
+                 change:float, # The saving to find, in percent (positive: the new configuration that much faster)
+                 level:float, # The one-sided test's level
+                 want:float=0.8, # How often it must find it
+                 most:int=1000, # Looked for up to this many pairs
+                ) -> int|None:
+    "The fewest pairs of blocks with which `paired`'s one-sided test at `level` finds a saving of `change` percent `want` of the time: the noncentral t on the pairs less one, times π/3 (the signed-rank test's efficiency against it where the noise is normal; more where it has long tails); None past `most`"
+    if not (0 < change < 100 and spread == spread): return None
+    if spread <= 0: return math.ceil(math.log2(1/level)) + 1
+    d = -math.log1p(-change/100)
+    def found(k): return float(sps.nct.sf(sps.t.ppf(1 - level, k - 1), k - 1, d*math.sqrt(k)/spread))
+    if not found(most) >= want: return None
+    lo, hi = 1, most  # the power grows with the pairs: bisection
+    while hi - lo > 1:
+        mid = (lo + hi)//2
+        lo, hi = (lo, mid) if found(mid) >= want else (mid, hi)
+    # and enough that the signed-rank test can reach `level` at all (all n signs one way: 2^-n)
+    return max(math.ceil(hi*math.pi/3), math.ceil(math.log2(1/level)) + 1, 2)
+
+def spread_bound(spread:float, df:float, confidence:float=0.8) -> float:
+    "An upper `confidence` bound of a standard deviation `spread` read with `df` degrees of freedom (the chi-square): what a design is sized from where the spread itself is rough"
+    if not (spread == spread and df > 0): return math.nan
+    return spread*math.sqrt(df/float(sps.chi2.ppf(1 - confidence, df)))
 
 # %% ../nbs/42_stats.ipynb #7934a737
 def steady(x, v) -> np.ndarray:

@@ -148,7 +148,7 @@ def test_speed_find_caches_a_slow_decoding_and_keeps_it_bit_identical(pngs, tmp_
     path = tmp_path/'speed.json'
     res = learn.speed_find(max_time=120, batches=20, show=False, apply=True, save=path)
     assert [f.kind for f in res.fixes][:1] == ['cache_items'], res.text()
-    row = res.trials[res.trials.Change == 'item cache'].iloc[-1]  # its last look: a promising first look is measured again (`RETRY_P`)
+    row = res.trials[res.trials.Change == 'item cache'].iloc[-1]  # its pairs of blocks in turns with the start
     assert row['Accepted'] and res.trials.Median[0] > 2*row['Median'], res.text()
     assert 'cache_loaders' in res.apply_text()
     # workers, where a busy machine made them worth keeping too, draw the random item transforms in their own processes
@@ -164,7 +164,7 @@ def test_a_refused_cache_says_why_whole_and_the_progress_line_says_the_mean(pngs
     """A transform of the cached part that draws outside `before_call`: `speed_find` predicts a saving (the decoding
     sleeps), tries the cache, and its fill refuses it; the trial's note and the progress line give the reason whole (it
     was cut mid-word at 160 characters: "its items are n..."), and each trial's progress line says its mean time a batch,
-    the statistic its change against the start is of (it said the median)"""
+    the statistic its change against the best so far is of (it said the median), and how many pairs of blocks that rests on"""
     from fastxtend_prof.report import format_duration
     class Noisy(Transform):
         order = 3
@@ -178,7 +178,8 @@ def test_a_refused_cache_says_why_whole_and_the_progress_line_says_the_mean(pngs
     assert row['Note'].startswith('failed') and row['Note'].endswith(why), res.text()
     assert 'item cache failed (ValueError: nothing of the loader' in out and why + ')' in out, out
     for _, r in res.trials[res.trials.Trial > 0].dropna(subset=['Mean']).iterrows():
-        assert f"speed_find: {r['Change']}: {format_duration(r['Mean'])} a batch on average ({r['Change %']:+.0f}% against the start's)" in out, out
+        assert (f"speed_find: {r['Change']}: {format_duration(r['Mean'])} a batch on average ({r['Change %']:+.0f}% against the "
+                f"best so far in {r['Pairs']} pairs of blocks, p ") in out, out
 
 def test_a_foreign_file_is_not_a_configuration(tmp_path):
     p = tmp_path/'x.json'

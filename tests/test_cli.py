@@ -143,7 +143,8 @@ def test_tune_fixes_the_slow_data_demo(tmp_path):
     p = run('tune', '--slow-data', '0.1', '--device', 'cpu', '--batches', '30', '--plot', 'tune.png', cwd=tmp_path)  # 0.1 s: the wait outweighs a busy machine's slower compute
     assert p.returncode == 0, p.stderr[-3000:]
     assert 'speed_find: faster with num_workers=' in p.stdout and 'To keep what speed_find found:' in p.stdout, p.stdout
-    assert re.search(r"num_workers=\d+ +\S+ ms \(-\d+%; \S+ ms to \S+ ms\)", p.stdout), p.stdout  # predicted, against the start, its range
+    # predicted, against the best so far (its range only from a record of this machine's: `$FASTXTEND_PROF_SPEED_RECORD`)
+    assert re.search(r"num_workers=\d+ +\S+ ms \(-\d+%(; \S+ ms to \S+ ms)?\)", p.stdout), p.stdout
     assert (tmp_path/'tune.png').read_bytes()[:4] == b'\x89PNG'
 
 def test_step_without_the_gate_is_refused(tmp_path):
