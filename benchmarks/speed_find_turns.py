@@ -13,7 +13,8 @@ One line of JSON a search goes to `--out`; `analyze` prints the share kept with 
 
     ../shared/tools/under-varying-load -n 4 python benchmarks/speed_find_turns.py search --effect 0 --searches 200 --out nothing.jsonl
     ../shared/tools/under-load -n 2 python benchmarks/speed_find_turns.py search --effect 0 --searches 200 --out steady.jsonl
-    ../shared/tools/under-varying-load -n 4 python benchmarks/speed_find_turns.py search --effect 0.3 --predict 0.3 --out saves30.jsonl
+    K=$(python benchmarks/speed_find_turns.py calibrate --effect 0.3)   # on a quiet machine: under a load the sizing is off
+    ../shared/tools/under-varying-load -n 4 python benchmarks/speed_find_turns.py search --effect 0.3 --predict 0.3 --products $K --out saves30.jsonl
     python benchmarks/speed_find_turns.py analyze nothing.jsonl steady.jsonl saves30.jsonl
 """
 import argparse, json, math, sys, time, warnings
@@ -43,6 +44,10 @@ def search(a):
     share = float(np.median(shares))
     # with k products the iteration is (1 + k*share) plain ones; the fix removes them: a saving of effect
     k = round(a.effect/(1 - a.effect)/share) if a.effect else 0
+    if a.products is not None: k = a.products  # sized beforehand (`calibrate`, on a quiet machine)
+    if a.cmd == 'calibrate':
+        print(k)
+        return
     extra.n = k
     if not k: learn.remove_cb(extra); extra = None
     print(f'one product {100*share:.2f}% of the plain iteration (9 pairs: {", ".join(f"{100*x:.2f}" for x in shares)}): '
@@ -99,9 +104,13 @@ def main():
     s.add_argument('--predict', type=float, default=0.6, help='the saving the fix predicts (default 0.6)')
     s.add_argument('--searches', type=int, default=200)
     s.add_argument('--out', required=True)
+    s.add_argument('--products', type=int, default=None, help="the fix's products a step, as `calibrate` sized them (default: sized here)")
+    c = sub.add_parser('calibrate', help="print the products a step that make `--effect` of the iteration (run it on a quiet machine)")
+    c.add_argument('--effect', type=float, required=True)
     s = sub.add_parser('analyze', help='the share kept, per file')
     s.add_argument('files', nargs='+')
     a = p.parse_args()
-    search(a) if a.cmd == 'search' else analyze(a)
+    if a.cmd == 'calibrate': a.products = None
+    analyze(a) if a.cmd == 'analyze' else search(a)
 
 if __name__ == '__main__': main()

@@ -130,7 +130,7 @@ class Fix:
 
 # %% ../nbs/17_tune.ipynb #a1ea046b
 # a value as JSON takes it (a device as its name)
-def _plain(v): return v if v is None or isinstance(v, (bool, int, float, str)) else str(v)
+def _plain(v): return None if isinstance(v, float) and v != v else v if v is None or isinstance(v, (bool, int, float, str)) else str(v)  # NaN: JSON's null
 
 @dataclass
 class TuneContext:
@@ -185,8 +185,10 @@ class TuneContext:
         if isinstance(d, cls): return d
         if not isinstance(d, dict):
             raise TypeError(f'a tuning context is a `TuneContext` or a dict of its fields, got {type(d).__name__}')
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in d.items() if k in names})
+        known = {f.name: f for f in fields(cls)}
+        # a measure not taken is saved as null (JSON has no NaN): NaN again where that is the field's default
+        nan = lambda f: isinstance(f.default, float) and f.default != f.default
+        return cls(**{k: math.nan if v is None and nan(known[k]) else v for k, v in d.items() if k in known})
 
 def tune_context(learn) -> TuneContext:
     ("What the tuner may change on `learn`: device, cores, the train loader's settings, the optimizer, convolutions, "
@@ -808,7 +810,7 @@ def without_last(prof):
                                         for k, v in prof.distributions.items()})
 
 def pooled(first, again):
-    ("`again` with each step's per-batch seconds following `first`'s: two looks at one configuration as one trial (a "
+    ("`again` with each step's per-batch seconds following `first`'s: blocks of one configuration as one trial (a "
      "step that only `again` timed, or either kept as a summary, keeps `again`'s)")
     a = lambda v: isinstance(v, np.ndarray)
     d = {k: np.concatenate([first.distributions[k], v]) if a(v) and a(first.distributions.get(k)) else v
@@ -920,9 +922,9 @@ class SpeedResult:
 
     def save(self, path):
         "The kept configuration, as JSON at `path`: `load_speed(path).apply(learn)` sets it on the Learner built again"
-        fixes = [dict(kind=f.kind, value=_plain(f.value), target=str(f.target), predicted=f.predicted, why=f.why) for f in self.fixes]
+        fixes = [dict(kind=f.kind, value=_plain(f.value), target=str(f.target), predicted=_plain(f.predicted), why=f.why) for f in self.fixes]
         Path(path).write_text(json.dumps(dict(format=SPEED_FORMAT, verdict=self.verdict, fixes=fixes,
-                                              start=self.start.plain()), indent=1) + '\n')
+                                              start=self.start.plain()), indent=1, allow_nan=False) + '\n')
         return Path(path)
 
     def __repr__(self): return (f'SpeedResult({self.verdict} {len(self.trials)} configurations; `.show()` prints the '
@@ -1023,7 +1025,7 @@ def load_speed(path) -> SpeedResult:
     ok = lambda kind, v: (STRATEGIES[kind].check or (lambda v: v is True))(v)
     wrong = [f"{f['kind']}={f.get('value')!r}" for f in d['fixes'] if not ok(f['kind'], f.get('value'))]
     if wrong: raise ValueError(f'{path}: not a speed_find configuration (values out of range: {", ".join(wrong)})')
-    fixes = [Fix(f['kind'], f['value'], f.get('target', ''), f.get('predicted', math.nan), f.get('why', '')) for f in d['fixes']]
+    fixes = [Fix(f['kind'], f['value'], f.get('target', ''), math.nan if f.get('predicted') is None else f['predicted'], f.get('why', '')) for f in d['fixes']]
     start = d.get('start') or {}
     if not isinstance(start, dict):
         raise ValueError(f'{path}: not a speed_find configuration (its `start` is not an object)')
@@ -1340,8 +1342,11 @@ def _in_turns(learn, f, best_mean:float, bs0:int, level:float, min_change:float,
             run_pairs(learn, sw, turns, k - len(turns.new), block, warmup, deadline, sync, rng)
             p = turns.judge(bs0)
         ok = bool(keep(p, level, min_change))
-        note = ('kept' if ok else 'not kept') + (f': after its pilot, its saving surely under {min_change:g}%' if futile and not ok else
-                                                f' ({len(turns.new)} pairs of {block}-batch blocks)')
+        # the best so far as it ran beside the fix: the level of these pairs, which the start's own trial need not share
+        beside = float(np.mean(np.concatenate([_per_start_batch(b, bs0).distributions[_KEY] for b in turns.best])))
+        note = (('kept' if ok else 'not kept') + (f': after its pilot, its saving surely under {min_change:g}%' if futile and not ok else
+                                                 f' ({len(turns.new)} pairs of {block}-batch blocks')
+                + f'; the best so far {format_duration(beside)} a batch beside it' + ('' if futile and not ok else ')'))
         if time.monotonic() >= deadline: note += ' (cut short by the budget)'
         return (sw, turns, p, ok, note), None
     except KeyboardInterrupt:
