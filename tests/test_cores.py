@@ -7,7 +7,7 @@ must point at it rather than at the garbage collector. Nothing here is timed aga
 wait the test needs. The quiet side (no wait, no advice) is checked in 43_cores on a fake schedstat reader, since no
 machine CI runs on is quiet. Guards: remove the feature or its rule, or read another thread than the training one
 (whose wait this is), and the advice is gone."""
-import contextlib, os, re, sys
+import contextlib, os, sys
 import pytest, torch
 from torch import nn
 from fastai.basics import DataLoaders, Learner, CrossEntropyLossFlat
