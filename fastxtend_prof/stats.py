@@ -241,8 +241,9 @@ def _paired(d:float, se:float, df:float, n:int, spread:float, confidence:float, 
 def paired(base, # The mean seconds a batch of each block of one configuration, in the order the pairs ran
            new, # The other's, pair by pair
            confidence:float=CONFIDENCE, # Of the interval
+           level:float|None=None, # The level the test is read at: with too few pairs for the signed-rank test to reach it (2^-pairs), Student's t
           ) -> Paired:
-    "How `new` differs from `base`, each pair of blocks (one of each, back to back, in an order drawn at random) the unit of evidence: Wilcoxon's signed-rank test on the pairs' log differences, the Hodges-Lehmann change (the median of their Walsh averages) and its interval"
+    "How `new` differs from `base`, each pair of blocks (one of each, back to back, in an order drawn at random) the unit of evidence: Wilcoxon's signed-rank test on the pairs' log differences, the Hodges-Lehmann change (the median of their Walsh averages) and its interval; Student's t on the differences where the pairs are too few for the signed-rank test to reach `level`"
     b, n = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
     if b.shape != n.shape or b.ndim != 1: raise ValueError(f'`base` and `new` are blocks a pair apart: got {b.shape} and {n.shape}')
     if not (len(b) and (b > 0).all() and (n > 0).all()): raise ValueError('each block needs a mean above 0 s')
@@ -253,6 +254,9 @@ def paired(base, # The mean seconds a batch of each block of one configuration, 
     # a robust standard deviation of one pair's difference (a slow block the scheduler left out stays one rank)
     spread = 1.4826*float(np.median(np.abs(d - np.median(d)))) if k > 1 else math.nan
     if k < 2: return Paired(100*math.expm1(hl), math.nan, math.nan, math.nan, k, hl, math.nan, 0., spread)
+    if level is not None and 2.**-k >= level:  # the signed-rank test could not keep anything: the t, whose level holds near enough
+        sd = float(d.std(ddof=1))
+        return _paired(float(d.mean()), sd/math.sqrt(k), k - 1., k, spread, confidence)
     # under no change each difference is as likely either sign, whatever the level did, as the order was drawn: exact
     p = 1. if not d.any() else float(sps.wilcoxon(d, alternative='less').pvalue)
     # the interval: the Walsh averages between the signed-rank statistic's lower and upper critical values

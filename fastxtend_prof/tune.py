@@ -1117,7 +1117,7 @@ class Turns:
         "Each side's block means (seconds a batch, per `bs0` samples)"
         m = lambda ps: [float(np.mean(_per_start_batch(p, bs0).distributions[_KEY])) for p in ps]
         return m(self.best), m(self.new)
-    def judge(self, bs0:int) -> Paired: return paired(*self.means(bs0))
+    def judge(self, bs0:int, level:float|None=None) -> Paired: return paired(*self.means(bs0), level=level)
     def pooled(self, side:str):
         "One side's blocks as one profile (their batches one after another)"
         ps = getattr(self, side)
@@ -1326,9 +1326,9 @@ def _in_turns(learn, f, best_mean:float, bs0:int, level:float, min_change:float,
         sw = _Switch(learn, f)
         share, deadline = deadlines
         turns = run_pairs(learn, sw, Turns(), pilot, block, warmup, deadline, sync, rng)
-        if len(turns.new) < 2: return (sw, turns, turns.judge(bs0) if turns.new else _empty_paired(), False,
+        if len(turns.new) < 2: return (sw, turns, turns.judge(bs0, level) if turns.new else _empty_paired(), False,
                                        'cut short by the budget: fewer than 2 pairs'), None
-        p = turns.judge(bs0)
+        p = turns.judge(bs0, level)
         # the saving it is sized for: half the predicted one, at least `min_change`
         target = min(99., max(min_change, 50*(1 - f.predicted/best_mean) if best_mean > 0 else 0.))
         for _ in range(SIZING_ROUNDS):  # sized again from every pair so far: a pilot's spread is a rough one
@@ -1340,7 +1340,7 @@ def _in_turns(learn, f, best_mean:float, bs0:int, level:float, min_change:float,
             k = len(turns.new) if futile else _pairs_to_run(p, target, level, power, len(turns.new), per_pair, left)
             if k <= len(turns.new) or time.monotonic() >= share: break
             run_pairs(learn, sw, turns, k - len(turns.new), block, warmup, deadline, sync, rng)
-            p = turns.judge(bs0)
+            p = turns.judge(bs0, level)
         ok = bool(keep(p, level, min_change))
         # the best so far as it ran beside the fix: the level of these pairs, which the start's own trial need not share
         beside = float(np.mean(np.concatenate([_per_start_batch(b, bs0).distributions[_KEY] for b in turns.best])))
