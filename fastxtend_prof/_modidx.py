@@ -1591,7 +1591,6 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                      'fastxtend_prof.tune._fastai_class': ('tune.html#_fastai_class', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._gain': ('tune.html#_gain', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._in_turns': ('tune.html#_in_turns', 'fastxtend_prof/tune.py'),
-                                     'fastxtend_prof.tune._iteration_row': ('tune.html#_iteration_row', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._keep_channels_last': ('tune.html#_keep_channels_last', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._less_loading': ('tune.html#_less_loading', 'fastxtend_prof/tune.py'),
                                      'fastxtend_prof.tune._loaders': ('tune.html#_loaders', 'fastxtend_prof/tune.py'),

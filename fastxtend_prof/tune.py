@@ -847,10 +847,6 @@ def _measured(prof=None, block:int=1, confidence:float=CONFIDENCE) -> dict:
     lo, hi = interval(rate, e.se/e.mean, confidence)
     return {**out, 'Samples/s Low': lo, 'Samples/s High': hi}
 
-def _iteration_row(cmp) -> dict:
-    r = cmp[(cmp.Phase == Phase.TRAIN) & (cmp.Step == Step.ITERATION)]
-    return r.iloc[0].to_dict() if len(r) else {}
-
 KEEP = {k: s.keep for k, s in STRATEGIES.items()}  # the code that keeps each fix
 
 # %% ../nbs/17_tune.ipynb #5026a5dc
