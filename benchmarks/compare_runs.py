@@ -9,8 +9,9 @@ Two parts, so that the fits (the slow part, run under the load you want) and the
     ../shared/tools/under-load -n 2 python benchmarks/compare_runs.py collect runs_steady --fits 600
     # the machine's noise as `learn.noise_find()` measures it on A's Learner, under the same load: noise*.json in the folder
     ../shared/tools/under-varying-load python benchmarks/compare_runs.py noise runs_varying
-    # the verdicts on them: 1 v 1 consecutive A/A pairs, 3 v 3 (and 5 v 5) groups of consecutive A fits, in turns
-    # (ABABAB) and one side after the other (AAABBB); the same groups of A and B for the power
+    # the verdicts on them: 1 v 1 consecutive A/A pairs, 3 v 3 (up to 50 v 50) groups of consecutive A fits, in turns
+    # (ABABAB: read in pairs) and one side after the other (AAABBB); the same groups of A and B for the power, read in
+    # pairs and, their times dropped, as independent runs
     python benchmarks/compare_runs.py analyze runs_varying
 
 Each rate is printed with its 95% interval (Clopper and Pearson). A fit is one process's fit after a first, unprofiled
@@ -72,10 +73,11 @@ def collect(a):
     mm = (time.perf_counter() - t0)/n
     extra = max(1, round(0.10*base/mm))
     print(f'iteration {base*1e3:.2f} ms, one product {mm*1e6:.0f} µs: {extra} products a step (about 10%)', flush=True)
-    (out/'plan.json').write_text(json.dumps(dict(extra=extra, iteration=base, product=mm, fits=a.fits)))
+    aa = a.fits//2 if a.aa is None else a.aa
+    (out/'plan.json').write_text(json.dumps(dict(extra=extra, iteration=base, product=mm, fits=a.fits, aa=aa)))
     t0 = time.time()
-    for i in range(a.fits):  # the first half A alone, then A and B in turns
-        kind = 'A' if i < a.fits//2 or i % 2 == 0 else 'B'
+    for i in range(a.fits):  # the first `aa` (half) A alone, then A and B in turns
+        kind = 'A' if i < aa or (i - aa) % 2 == 0 else 'B'
         p = fit(extra if kind == 'B' else 0)
         save_profile(p, out/f'{i:04d}_{kind}.json')
         if i % 20 == 0: print(f'{i}/{a.fits} fits, {time.time() - t0:.0f} s; {kind} {iteration(p)*1e3:.2f} ms', flush=True)
@@ -87,7 +89,7 @@ def rate(k:int, n:int) -> str:
     return f'{k}/{n} = {100*k/n:.1f}% ({100*lo:.1f}-{100*hi:.1f}%)'
 
 def analyze(a):
-    from fastxtend_prof.saved import load_profile
+    from fastxtend_prof.saved import load_profile, SavedProfile
     from fastxtend_prof.compare import compare_profiles
     from fastxtend_prof.noise import load_noise
     from fastxtend_prof.stats import power
@@ -95,7 +97,8 @@ def analyze(a):
     records = {f.stem: load_noise(f) for f in sorted(folder.glob('noise*.json'))}
     files = sorted(folder.glob('[0-9]*_?.json'))
     runs = [(f.stem[-1], load_profile(f)) for f in files]
-    half = json.loads((folder/'plan.json').read_text())['fits']//2
+    plan = json.loads((folder/'plan.json').read_text())
+    half = plan.get('aa', plan['fits']//2)
     aa, ab = [r for k, r in runs[:half]], runs[half:]
     As, Bs = [r for k, r in ab if k == 'A'], [r for k, r in ab if k == 'B']
     lvl = np.log([iteration(r) for r in aa])
@@ -110,6 +113,7 @@ def analyze(a):
               f'; {r.runs_for(100*effect) or "more than 50"} runs a side for 80%')
     d = np.abs(np.diff(lvl))
     print(f"the fits' between-fit sd read robustly (the median consecutive difference over 0.954, a normal's): {np.median(d)/0.954:.3f}")
+    def undated(runs): return [SavedProfile(r.results, {**r.metadata, 'timestamp': None}, r.distributions, r.source) for r in runs]
     def called(b, n, **kw):
         it = compare_profiles(b, n, **kw).set_index(['Phase', 'Step']).loc[('train', 'iteration')]
         return bool(it['Significant']), float(it[ 'Change %'])
@@ -121,11 +125,13 @@ def analyze(a):
         for noise_name, r in records.items():
             one = [called(aa[i], aa[i + 1], noise=r, **kw)[0] for i in range(0, len(aa) - 1, 2)]
             rows.append((name, f'1 v 1 A/A, consecutive, with {noise_name}', rate(sum(one), len(one))))
-        for k in (3, 5, 10):
+        for k in (3, 5, 10, 20, 30, 50):
             groups = [aa[i:i + 2*k] for i in range(0, len(aa) - 2*k + 1, 2*k)]
-            turns = [called(g[0::2], g[1::2], **kw)[0] for g in groups]
+            turns = [called(g[0::2], g[1::2], **kw)[0] for g in groups]   # in turns: read in pairs (`in_turns`)
             apart = [called(g[:k], g[k:], **kw)[0] for g in groups]
             power = [called(As[i:i + k], Bs[i:i + k], **kw) for i in range(0, min(len(As), len(Bs)) - k + 1, k)]
+            # the same runs without their times: read as independent runs, as before pairs were read
+            unpaired = [called(undated(As[i:i + k]), undated(Bs[i:i + k]), **kw) for i in range(0, min(len(As), len(Bs)) - k + 1, k)]
             first = next(iter(records.items()), None)
             floor = ([] if first is None else
                      [(name, f'{k} v {k} A/A, one side then the other, with {first[0]}',
@@ -133,7 +139,9 @@ def analyze(a):
             rows += [(name, f'{k} v {k} A/A, in turns', rate(sum(turns), len(turns))),
                      (name, f'{k} v {k} A/A, one side then the other', rate(sum(apart), len(apart))), *floor,
                      (name, f'{k} v {k} A then B (+10%), in turns: found slower',
-                      rate(sum(s and c > 0 for s, c in power), len(power)))]
+                      rate(sum(s and c > 0 for s, c in power), len(power))),
+                     (name, f'{k} v {k} A then B (+10%), in turns, read as independent runs: found slower',
+                      rate(sum(s and c > 0 for s, c in unpaired), len(unpaired)))]
     print('\n| setting | comparison | called |\n|---|---|---:|')
     for r in rows: print('| ' + ' | '.join(r) + ' |')
 
@@ -141,6 +149,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     sub = ap.add_subparsers(dest='cmd', required=True)
     c = sub.add_parser('collect'); c.add_argument('folder'); c.add_argument('--fits', type=int, default=600)
+    c.add_argument('--aa', type=int, default=None, help='the A/A fits first (default half the fits); then A and B in turns')
     c.set_defaults(func=collect)
     z = sub.add_parser('analyze'); z.add_argument('folder'); z.set_defaults(func=analyze)
     n = sub.add_parser('noise'); n.add_argument('folder'); n.add_argument('--trials', type=int, default=8)

@@ -126,7 +126,7 @@ def parser():
                                    'after --baseline): per step, '
                                    'the change of the time per batch, its interval and a test; a verdict in words. '
                                    'With one run a side the interval covers the noise inside each run only; with '
-                                   'several, the machine\'s spread between runs too. '
+                                   'several, the machine\'s spread between runs too; runs that ran in turns are read in pairs. '
                                    'Exit 0, or 1 when --fail-on-regression tripped; 2 with one line on stderr for '
                                    'bad input (a file that is not a run).')
     c.add_argument('runs', nargs='+', metavar='RUN',

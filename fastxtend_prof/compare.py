@@ -4,13 +4,14 @@
 
 # %% auto #0
 __all__ = ['MIN_CALLS', 'CONFIDENCE', 'HEADLINE', 'COMPARED_SETTINGS', 'POWER', 'COMPARE_COLS', 'VERDICT_STEPS', 'BASELINE_RATIO',
-           'BASELINE_HINTS', 'change_stats', 'stage_changes', 'stage_changes_text', 'comparability', 'change_runs',
-           'compared_columns', 'compare_profiles', 'throughput', 'runs_note', 'comparison_verdict', 'slower_than',
-           'baseline_advice', 'baseline', 'Baseline', 'format_comparison', 'comparison_text', 'show_comparison',
-           'plot_comparison']
+           'BASELINE_HINTS', 'change_stats', 'stage_changes', 'stage_changes_text', 'comparability', 'in_turns',
+           'change_pairs', 'change_runs', 'compared_columns', 'compare_profiles', 'throughput', 'runs_note',
+           'comparison_verdict', 'slower_than', 'baseline_advice', 'baseline', 'Baseline', 'format_comparison',
+           'comparison_text', 'show_comparison', 'plot_comparison']
 
 # %% ../nbs/08_compare.ipynb #65a33dda
 import math
+from datetime import datetime
 from pathlib import Path
 import numpy as np, pandas as pd
 from .recorder import APART, DRAW_STEPS, LOOP_STEPS, Cols, Phase, Step, StepSummary, check_int, check_number, TRAIN_PARTS
@@ -20,7 +21,7 @@ from .saved import (COMPARED, SavedProfile, result_rows, result_value, as_profil
 from .stage_rows import stage_view
 from .advice import Advice, fill_text
 from .features import FEATURES, Feature, Later, register_feature
-from .stats import BLOCK, CHANGE, CHANGE_COLS, CI_HIGH, CI_LOW, P_VALUE, compare, compare_runs, estimate, runs_needed, MOST_RUNS  # the one model behind every verdict
+from .stats import BLOCK, CHANGE, CHANGE_COLS, CI_HIGH, CI_LOW, P_VALUE, compare, compare_runs, compare_pairs, estimate, runs_needed, pairs_needed, MOST_RUNS  # the one model behind every verdict
 from .noise import Noise, as_noise
 from .defaults import ALPHA, MIN_CHANGE, MIN_SHARE  # shared with the command line's parser, which must not import this module
 
@@ -64,7 +65,7 @@ def stage_changes_text(st:pd.DataFrame, width:int|None=None) -> str:
     return title + '\n' + text_table(t, list(t.columns), {Cols.STEP: 'Stage'})
 
 # %% ../nbs/08_compare.ipynb #1cb42137
-MIN_CALLS, CONFIDENCE = 30, 0.95  # ALPHA, MIN_CHANGE, MIN_SHARE (0.01, 15, 2) are in `fastxtend_prof.defaults`, where `fastxtend-prof --help` reads them
+MIN_CALLS, CONFIDENCE = 30, 0.95  # ALPHA, MIN_CHANGE, MIN_SHARE (0.01, 5, 2) are in `fastxtend_prof.defaults`, where `fastxtend-prof --help` reads them
 HEADLINE = (Phase.TRAIN, Step.ITERATION)  # the row the verdict leads with and the CLI gates on by default
 COMPARED_SETTINGS = tuple((f.name, f.differs) for f in META_FIELDS if f.differs)  # the metadata that makes two runs incomparable when it differs, as a warning names it
 POWER = 0.8  # how often a change of `min_change` must be found, in the verdict's "runs a side" figure
@@ -95,6 +96,30 @@ def comparability(base, new) -> list:
                    'falls on one side alone, which the test, taking runs as independent, can call a change; run them in turns (A, B, A, B, ...)')
     return out
 
+def _started(run) -> datetime|None:
+    "When `run` was timed (its metadata's `timestamp`), None where it does not say or cannot be read"
+    try: return datetime.fromisoformat(str(run.metadata.get('timestamp')))
+    except (TypeError, ValueError): return None
+
+def in_turns(base:list, new:list) -> bool:
+    "Whether the runs `base` and `new` ran in turns: as many a side (two or more), the `i`-th of each side back to back (in either order), each pair before the next by their timestamps (a tie is no order: runs of a second), and the times not all one"
+    if len(base) != len(new) or len(base) < 2: return False
+    t = [(_started(b), _started(n)) for b, n in zip(base, new)]
+    if any(x is None for p in t for x in p): return False
+    return all(max(a) <= min(b) for a, b in zip(t, t[1:])) and min(t[0]) < max(t[-1])
+
+def change_pairs(base:list, new:list, confidence:float=0.95, block:int=BLOCK, alpha:float=ALPHA) -> dict:
+    "How one step's durations in the runs `new` differ from those in the runs `base` where they ran in turns (`in_turns`): `stats.compare_pairs` of each pair's means, read at `alpha`; each side's mean, its runs' median median and their calls"
+    eb, en = [estimate(d, block) for d in base], [estimate(d, block) for d in new]
+    calls, median = (lambda ds: sum(_moments(d)[0] for d in ds)), (lambda ds: float(np.median([_moments(d)[3] for d in ds])))
+    if all(e.mean > 0 for e in eb + en):
+        st = compare_pairs([e.mean for e in eb], [e.mean for e in en], confidence, alpha)
+    else: st = {**dict.fromkeys(CHANGE_COLS, math.nan), 'spread': math.nan, 'test': '', 'base': math.nan, 'new': math.nan}
+    return {'Base Calls': calls(base), 'New Calls': calls(new), 'Base Mean': st['base'], 'New Mean': st['new'],
+            'Base Median': median(base), 'New Median': median(new), **{k: st[k] for k in CHANGE_COLS},
+            'Between-Run %': math.nan, 'Spread': st['spread'],
+            'Test': '' if st[P_VALUE] != st[P_VALUE] else f"{st['test']} of runs in turns"}
+
 def change_runs(base:list, new:list, confidence:float=0.95, block:int=BLOCK, noise:Noise|None=None) -> dict:
     "How one step's durations in the runs `new` differ from those in the runs `base` (a distribution a run, several runs on a side at least): `stats.compare_runs` of each run's `stats.estimate` (each run at least as far from its side's level as a trial of a `noise` record was), each side's level, its runs' median median and their calls"
     st = compare_runs([estimate(d, block) for d in base], [estimate(d, block) for d in new], confidence, noise.spread if noise else 0.)
@@ -113,13 +138,14 @@ def _mean_of(rows:list, phase, step, col=None) -> float:
     v = [x for x in (result_value(r, phase, step, col) if col else result_value(r, phase, step) for r in rows) if x == x]
     return float(np.mean(v)) if v else math.nan
 
-def _row(bs:list, ns:list, rows:dict, phase, action, step, alpha, min_change, confidence, block=BLOCK, noise=None) -> dict:
+def _row(bs:list, ns:list, rows:dict, phase, action, step, alpha, min_change, confidence, block=BLOCK, noise=None, turns=False) -> dict:
     "One step's comparison of the runs `bs` and `ns`; `rows`: each run's `result_rows` ('Base', 'New': a list a side)"
     key, rows = (phase, step), {w: [r.get((str(phase), str(step)), {}) for r in rows[w]] for w in ('Base', 'New')}
     if all(key in r.distributions for r in bs + ns):
         d = lambda runs: [r.distributions[key] for r in runs]
-        one = len(bs) + len(ns) == 2
-        st = (change_stats if one else change_runs)(*((d(bs)[0], d(ns)[0]) if one else (d(bs), d(ns))), confidence, block, noise)
+        if len(bs) + len(ns) == 2: st = change_stats(d(bs)[0], d(ns)[0], confidence, block, noise)
+        elif turns: st = change_pairs(d(bs), d(ns), confidence, block, alpha)  # the level a pair shared cancels
+        else: st = change_runs(d(bs), d(ns), confidence, block, noise)
     else:  # a file without distributions: the means, untested
         mb, mn = (_mean_of(rows[w], phase, step, Cols.MEAN) for w in ('Base', 'New'))
         st = {'Base Mean': mb, 'New Mean': mn, CHANGE: 100*(mn/mb - 1) if mb > 0 else math.nan, 'Test': ''}
@@ -143,13 +169,13 @@ def compared_columns() -> dict:
 def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_json=True)`, a `SavedProfile`, a profiled Learner, a folder of runs, or a list of runs
                      new, # The run (or runs) to judge, in any of the same forms
                      alpha:float=ALPHA, # A change is significant only if its test's p-value is below this
-                     min_change:float=MIN_CHANGE, # ... and the mean moved by at least this many percent (runs of the same code differ by up to ~15%)
+                     min_change:float=MIN_CHANGE, # ... and the mean moved by at least this many percent: the least change worth calling
                      min_share:float=MIN_SHARE, # ... and by at least this many percent of the phase's iteration time (smaller moves don't change the batch)
                      confidence:float=CONFIDENCE, # Of the interval on the change of the mean
                      block:int=BLOCK, # Batches a block of the statistics (`stats.estimate`): `speed_find` gives the loader's workers
-                     noise=None, # A noise record (`learn.noise_find(save=...)`) or its path: how far a run is from the machine's level, counted for each run
+                     noise=None, # A noise record (`learn.noise_find(save=...)`) or its path: how far a run is from the machine's level, counted for each run (not for runs in turns: a pair's level cancels)
                     ) -> pd.DataFrame:
-    "Per (phase, step), how `new`'s per-batch times differ from `base`'s, with a test (with several runs a side, on the runs); the verdict and warnings in `.attrs`"
+    "Per (phase, step), how `new`'s per-batch times differ from `base`'s, with a test (with several runs a side, on the runs: in pairs where they ran in turns); the verdict and warnings in `.attrs`"
     check_number('alpha', alpha, 0, 1, open_lo=True); check_number('confidence', confidence, 0, 1, open_lo=True)
     check_int('block', block, 1, 'batches a block')
     check_number('min_change', min_change, why='percent'); check_number('min_share', min_share, why="percent of the phase's iteration")
@@ -157,7 +183,8 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
     keys = set.intersection(*(set(zip(r.results.Phase, r.results.Step)) for r in bs + ns))
     found = {'Base': [result_rows(r.results) for r in bs], 'New': [result_rows(r.results) for r in ns]}  # each run's rows, read once
     first = bs[0].results
-    rows = [_row(bs, ns, found, p, a, s, alpha, min_change, confidence, block, noise)
+    turns = in_turns(bs, ns)
+    rows = [_row(bs, ns, found, p, a, s, alpha, min_change, confidence, block, noise, turns)
             for p, a, s in zip(first.Phase, first.Action, first.Step) if p != Phase.FIT and s in COMPARED and (p, s) in keys]
     if not rows: raise ValueError('`base` and `new` have no train or valid step in common to compare')
     out = pd.DataFrame(rows)
@@ -169,8 +196,9 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
     out = out.reindex(columns=[*COMPARE_COLS, *(f'{w} {c}' for c in compared_columns() for w in ('Base', 'New'))]).astype({'Significant': bool})
     source = lambda runs: ', '.join(str(r.source) for r in runs)
     out.attrs.update(warnings=comparability(bs, ns), alpha=alpha, min_change=min_change, min_share=min_share, confidence=confidence,
-                     base=source(bs), new=source(ns), runs=(len(bs), len(ns)), noise=noise,
-                     runs_needed=runs_needed(spread, min_change, alpha, POWER) if min_change > 0 else None)
+                     base=source(bs), new=source(ns), runs=(len(bs), len(ns)), noise=noise, paired=turns, spread=spread,
+                     runs_needed=None if not 0 < min_change < 100 else pairs_needed(spread, min_change, alpha/2, POWER) if turns
+                     else runs_needed(spread, min_change, alpha, POWER))
     out.attrs['verdict'] = comparison_verdict(out)
     out.attrs['stages'] = stage_changes(bs[-1], ns[-1])  # None unless both runs timed the loader's stages
     return out
@@ -195,6 +223,11 @@ def runs_note(cmp:pd.DataFrame) -> str:
                              "run to run; compare several runs a side (a list, or a folder each), or give a noise record "
                              "(`learn.noise_find`), and it counts that too")
     it = cmp[(cmp.Phase == HEADLINE[0]) & (cmp.Step == HEADLINE[1])]
+    if cmp.attrs.get('paired'):
+        spread = cmp.attrs.get('spread', math.nan)
+        said = f'{kb} pairs of runs in turns' + (f", the iteration's pairs {100*spread:.1f}% apart" if spread == spread else '')
+        if k: return said + f' (with that spread, {k} pairs find a {mc:g}% change {POWER:.0%} of the time)'
+        return said + (f' (with that spread, more than 1000 pairs would be needed to find a {mc:g}% change)' if 0 < mc < 100 and spread == spread else '')
     between = float(it['Between-Run %'].iloc[0]) if len(it) else math.nan
     said = f'{kb} + {kn} runs' + (f", the iteration's {between:.1f}% apart from run to run" if between == between else '')
     if k: return said + plan

@@ -8,7 +8,7 @@ __all__ = ['DEVICES', 'ALPHA', 'MIN_CHANGE', 'MIN_SHARE', 'MIN_GAIN', 'ASKED', '
 
 # %% ../nbs/33_defaults.ipynb #b3c83a31
 DEVICES = ('auto', 'cpu', 'cuda')  # where the demo trains: 'auto' is a CUDA GPU when torch sees one
-ALPHA, MIN_CHANGE, MIN_SHARE = 0.01, 15.0, 2.0  # `compare_profiles`: significance level, smallest change (%), smallest change in % of the iteration
+ALPHA, MIN_CHANGE, MIN_SHARE = 0.01, 5.0, 2.0  # `compare_profiles`: significance level; the smallest change (%) worth calling, a choice a user would make (the runs, their pairs or a noise record hold the false calls, not this); the smallest in % of the iteration
 MIN_GAIN = 5.0  # `speed_find`: the least saving (percent of the mean iteration) worth keeping a fix for: a choice a user would make, not a noise floor (the trials in turns and their level hold the false keeps)
 ASKED = ('mixed_precision', 'batch_size', 'resize_on_batch')  # `speed_find`'s fixes that change the numerics or the training: tried only when allowed
 HISTORY_MIN_SHIFT = 8.  # `history`: percent a change point moves a step at least (identical runs on a shared VM shift by up to 7% for several runs)

@@ -18,7 +18,7 @@ import numpy as np, pandas as pd, pytest, torch
 from torch import nn
 import fastai.data.load as _load
 import fasttransform.transform as _ft
-from fastai.vision.all import DataBlock, ImageBlock, CategoryBlock, PILImageBW, TensorImage, Transform, Resize, fa_collate, Learner
+from fastai.vision.all import DataBlock, ImageBlock, CategoryBlock, PILImageBW, TensorImage, Transform, Resize, fa_collate, Learner, RandomSplitter
 from fastai.data.core import DataLoaders
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
 from fastxtend_prof import stages
@@ -50,7 +50,7 @@ def decode(i): SPEND[0](DECODE); return PILImageBW.create((DIGITS.images[i]*16).
 def label(i): return DIGITS.target[i]
 
 def learner(num_workers:int, n:int=N, model=None):
-    dblock = DataBlock(blocks=(ImageBlock(PILImageBW), CategoryBlock), get_x=decode, get_y=label,
+    dblock = DataBlock(blocks=(ImageBlock(PILImageBW), CategoryBlock), get_x=decode, get_y=label, splitter=RandomSplitter(seed=0),  # every valid label in train
                        item_tfms=[Resize(8), SleepyItem()], batch_tfms=[SleepyBatch()])
     dls = dblock.dataloaders(list(range(n)), bs=BS, num_workers=num_workers, create_batch=sleepy_collate, device='cpu')
     return Learner(dls, model or nn.Sequential(nn.Flatten(), nn.Linear(64, 10)))
