@@ -1404,6 +1404,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'fastxtend_prof.stats.paired': ('stats.html#paired', 'fastxtend_prof/stats.py'),
                                       'fastxtend_prof.stats.pairs_needed': ('stats.html#pairs_needed', 'fastxtend_prof/stats.py'),
                                       'fastxtend_prof.stats.power': ('stats.html#power', 'fastxtend_prof/stats.py'),
+                                      'fastxtend_prof.stats.rank_spread': ('stats.html#rank_spread', 'fastxtend_prof/stats.py'),
                                       'fastxtend_prof.stats.runs_needed': ('stats.html#runs_needed', 'fastxtend_prof/stats.py'),
                                       'fastxtend_prof.stats.scan': ('stats.html#scan', 'fastxtend_prof/stats.py'),
                                       'fastxtend_prof.stats.segment': ('stats.html#segment', 'fastxtend_prof/stats.py'),

@@ -6,7 +6,8 @@
 __all__ = ['BLOCK', 'CHANGE', 'CI_LOW', 'CI_HIGH', 'P_VALUE', 'CHANGE_COLS', 'CONFIDENCE', 'MIN_BLOCKS', 'MIN_AR_BLOCKS',
            'MAX_AR', 'MIN_DF', 'MOST_RUNS', 'Estimate', 'block_means', 'estimate', 'student', 'compare', 'between',
            'weights', 'level', 'compare_runs', 'power', 'smallest_change', 'runs_needed', 'Paired', 'paired', 'chain',
-           'pairs_needed', 'spread_bound', 'compare_pairs', 'steady', 'scan', 'null_max', 'adjusted_p', 'segment']
+           'pairs_needed', 'spread_bound', 'rank_spread', 'compare_pairs', 'steady', 'scan', 'null_max', 'adjusted_p',
+           'segment']
 
 # %% ../nbs/42_stats.ipynb #059f1aee
 import math
@@ -299,19 +300,30 @@ def spread_bound(spread:float, df:float, confidence:float=0.8) -> float:
     return spread*math.sqrt(df/float(sps.chi2.ppf(1 - confidence, df)))
 
 # %% ../nbs/42_stats.ipynb #aac9b900
+def rank_spread(d) -> float:
+    "The spread (log scale) that sizes the signed-rank test on the differences `d`: that of a normal with the same density at its centre, 1/(2√π ∫f²), the density from a Gaussian kernel left out at each point (Noether's efficacy: the test's power where the noise has long tails); NaN under 3 values"
+    x = np.asarray(d, dtype=float)
+    x = x - np.median(x)
+    n = len(x)
+    if n < 3 or not x.any(): return math.nan if n < 3 else 0.
+    kde = sps.gaussian_kde(x)
+    h = math.sqrt(float(kde.covariance[0, 0]))
+    dens = (n*kde(x) - 1/(h*math.sqrt(2*math.pi)))/(n - 1)   # each point's density without itself
+    return float(1/(2*math.sqrt(math.pi)*max(float(dens.mean()), 1e-300)))
+
 def compare_pairs(base, # One configuration's runs' mean seconds a batch, in the order the pairs ran
                   new, # The other's, pair by pair
                   confidence:float=CONFIDENCE, # Of the interval
                   alpha:float|None=None, # The two-sided level it is read at: with too few pairs for the signed-rank test to reach it, Student's t
                  ) -> dict:
-    "How `new` differs from `base` where they ran in pairs (one of each, back to back): `paired`'s change and interval, read two-sided; `compare`'s keys, with `spread` (one pair's log difference's) and `test` (which test)"
+    "How `new` differs from `base` where they ran in pairs (one of each, back to back): `paired`'s change and interval, read two-sided; `compare`'s keys, with `spread` (`rank_spread` of the pairs' log differences: what `pairs_needed` sizes from) and `test` (which test)"
     half = None if alpha is None else alpha/2
     slower, faster = paired(new, base, confidence, half), paired(base, new, confidence, half)  # each one-sided
     p = 2*min(faster.p_faster, slower.p_faster) if faster.p_faster == faster.p_faster else math.nan
     t = half is not None and 2.**-faster.pairs >= half
     return {**faster.columns(), P_VALUE: min(1., p) if p == p else p, 'p slower': slower.p_faster, 'df': faster.df,
-            'spread': faster.spread, 'test': f"{'t' if t else 'signed-rank'} on {faster.pairs} pairs",
-            'base': float(np.mean(base)), 'new': float(np.mean(new))}
+            'spread': rank_spread(np.log(np.asarray(new, dtype=float)/np.asarray(base, dtype=float))),
+            'test': f"{'t' if t else 'signed-rank'} on {faster.pairs} pairs", 'base': float(np.mean(base)), 'new': float(np.mean(new))}
 
 # %% ../nbs/42_stats.ipynb #7934a737
 def steady(x, v) -> np.ndarray:
