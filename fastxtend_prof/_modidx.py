@@ -775,6 +775,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'fastxtend_prof.noise.Noise.between': ('noise.html#noise.between', 'fastxtend_prof/noise.py'),
                                       'fastxtend_prof.noise.Noise.between_df': ('noise.html#noise.between_df', 'fastxtend_prof/noise.py'),
                                       'fastxtend_prof.noise.Noise.level': ('noise.html#noise.level', 'fastxtend_prof/noise.py'),
+                                      'fastxtend_prof.noise.Noise.pairs_for': ('noise.html#noise.pairs_for', 'fastxtend_prof/noise.py'),
                                       'fastxtend_prof.noise.Noise.runs_for': ('noise.html#noise.runs_for', 'fastxtend_prof/noise.py'),
                                       'fastxtend_prof.noise.Noise.smallest': ('noise.html#noise.smallest', 'fastxtend_prof/noise.py'),
                                       'fastxtend_prof.noise.Noise.spread': ('noise.html#noise.spread', 'fastxtend_prof/noise.py'),

@@ -338,7 +338,8 @@ def comparison_text(cmp:pd.DataFrame, width:int|None=None) -> str:
     lines.append(text_table(format_comparison(cmp), [Cols.PHASE, Cols.STEP, 'Base', 'New', 'Change', 'CI', 'p', 'Result', 'Samples/s'], {}))
     tests = sorted(set(cmp.Test) - {''})
     several = sum(cmp.attrs.get('runs', (1, 1))) > 2
-    what = "Each side's level (its runs' means a batch, weighed by their errors and the spread between runs)" if several else 'Means per batch'
+    what = ("Each side's mean a batch over its runs, the test on the pairs' differences" if cmp.attrs.get('paired') else
+            "Each side's level (its runs' means a batch, weighed by their errors and the spread between runs)" if several else 'Means per batch')
     lines.append(fill(f"{what}; CI: {cmp.attrs.get('confidence', CONFIDENCE):.0%} interval of the change of the mean; "
                       f"p: {' / '.join(tests) or 'no test'}; significant if p < {cmp.attrs.get('alpha', ALPHA)} and the mean moved "
                       f"{cmp.attrs.get('min_change', MIN_CHANGE):g}% or more, and by {cmp.attrs.get('min_share', MIN_SHARE):g}% of the "

@@ -10,7 +10,7 @@ import json, math
 from pathlib import Path
 from dataclasses import dataclass, field
 import numpy as np
-from .stats import MOST_RUNS, runs_needed, smallest_change
+from .stats import MOST_RUNS, runs_needed, smallest_change, pairs_needed, rank_spread
 from .saved import ProfileFileError, atomic_write_text, read_doc
 from .report import format_duration
 from .defaults import ALPHA
@@ -54,20 +54,25 @@ class Noise:
     def runs_for(self, change:float, alpha:float=ALPHA, want:float=POWER) -> int|None:
         "The fewest runs a side that find a `change` (percent) `want` of the time at `alpha`, on the runs' own spread (`stats.runs_needed`)"
         return runs_needed(self.spread, change, alpha, want)
+    def pairs_for(self, change:float, alpha:float=ALPHA, want:float=POWER) -> int|None:
+        "The fewest pairs of runs in turns that find a `change` (percent) `want` of the time at `alpha` (`compare`'s pairs: the signed-rank test, two-sided), a pair's difference spreading as consecutive trials' did (`stats.rank_spread`); None with fewer than 4 trials, or past 1,000 pairs"
+        if self.trials < 4 or not 0 < change < 100: return None
+        return pairs_needed(rank_spread(np.diff(np.log(self.levels))), change, alpha/2, want)
 
 # %% ../nbs/45_noise.ipynb #6e2d0c38
 def noise_text(n:Noise, alpha:float=ALPHA, change:float=10.) -> str:
-    "The record `n` in words: the spread inside a trial and between trials, the smallest change found `POWER` of the time with 1, 3, 5 and 10 runs a side, and the runs a side a `change` needs"
+    "The record `n` in words: the spread inside a trial and between trials, the smallest change found `POWER` of the time with 1, 3, 5 and 10 runs a side, and the runs a side (and the pairs of runs in turns) a `change` needs"
     pct = lambda v: f'{100*v:.1f}%'
     small = lambda k: (lambda c: f'{c:.0f}%' if c == c else 'none under 100×')(n.smallest(k, alpha))
-    need = n.runs_for(change, alpha)
+    need, pairs = n.runs_for(change, alpha), n.pairs_for(change, alpha)
     return '\n'.join([
         f'Noise of this machine on this Learner: {n.trials} trials of {n.batches} batches back to back, the train iteration {format_duration(n.level)} a batch',
         f'  inside a trial: its mean is known to {pct(n.within)} (a standard error, from its own batches)',
         f"  between trials: {pct(n.between)} (the machine's level, which no trial's own batches show)",
         f'The smallest change found {POWER:.0%} of the time at alpha {alpha:g}: ' + ', '.join(
             f"{small(k)} with {k} run{'s' if k > 1 else ''} a side" + (' and this record' if k == 1 else '') for k in SIDES),
-        f'A {change:g}% change needs {need} runs a side' if need else f'A {change:g}% change needs more than {MOST_RUNS} runs a side'])
+        (f'A {change:g}% change needs {need} runs a side' if need else f'A {change:g}% change needs more than {MOST_RUNS} runs a side')
+        + (f', or {pairs} pairs of runs in turns (A, B, A, B, ...: read in pairs, the level a pair shares cancels)' if pairs else '')])
 
 def save_noise(n:Noise, path) -> Path:
     "Write the record `n` to `path` as JSON (its folders made, atomically)"
