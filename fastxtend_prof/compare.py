@@ -106,7 +106,8 @@ def in_turns(base:list, new:list) -> bool:
     if len(base) != len(new) or len(base) < 2: return False
     t = [(_started(b), _started(n)) for b, n in zip(base, new)]
     if any(x is None for p in t for x in p): return False
-    return all(max(a) <= min(b) for a, b in zip(t, t[1:])) and min(t[0]) < max(t[-1])
+    try: return all(max(a) <= min(b) for a, b in zip(t, t[1:])) and min(t[0]) < max(t[-1])
+    except TypeError: return False  # times with and without a zone: no order to read
 
 def change_pairs(base:list, new:list, confidence:float=0.95, block:int=BLOCK, alpha:float=ALPHA) -> dict:
     "How one step's durations in the runs `new` differ from those in the runs `base` where they ran in turns (`in_turns`): `stats.compare_pairs` of each pair's means, read at `alpha`; each side's mean, its runs' median median and their calls"
