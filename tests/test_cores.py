@@ -62,7 +62,7 @@ def test_speed_find_tries_fewer_threads_on_an_oversubscribed_machine():
     this holds the trial and its judgement, not a gain"""
     with one_core_two_threads():
         learn = small_cnn_learner(n=64)
-        res = learn.speed_find(max_time=90, show=False)
+        res = learn.speed_find(max_time=240, show=False)  # the trial under CI load asked 66 s after a 33 s start
         after = torch.get_num_threads()
     assert after == 2, "speed_find put torch's threads back"
     tried = res.trials[res.trials.Kind == 'threads']  # once: in pairs of blocks with the best so far, one look
