@@ -109,26 +109,25 @@ def in_turns(base:list, new:list) -> bool:
     try: return all(max(a) <= min(b) for a, b in zip(t, t[1:])) and min(t[0]) < max(t[-1])
     except TypeError: return False  # times with and without a zone: no order to read
 
+def _runs_row(base:list, new:list, st:dict, test:str, between:float) -> dict:
+    "A comparison row of several runs a side from the test's `st` (`stats.compare_pairs` or `compare_runs`): each side's mean, its runs' median median and their calls; `test` named only where the test gave a p-value"
+    calls, median = (lambda ds: sum(_moments(d)[0] for d in ds)), (lambda ds: float(np.median([_moments(d)[3] for d in ds])))
+    return {'Base Calls': calls(base), 'New Calls': calls(new), 'Base Mean': st['base'], 'New Mean': st['new'],
+            'Base Median': median(base), 'New Median': median(new), **{k: st[k] for k in CHANGE_COLS},
+            'Between-Run %': between, 'Spread': st['spread'], 'Test': '' if st[P_VALUE] != st[P_VALUE] else test}
+
 def change_pairs(base:list, new:list, confidence:float=0.95, block:int=BLOCK, alpha:float=ALPHA) -> dict:
     "How one step's durations in the runs `new` differ from those in the runs `base` where they ran in turns (`in_turns`): `stats.compare_pairs` of each pair's means, read at `alpha`; each side's mean, its runs' median median and their calls"
     eb, en = [estimate(d, block) for d in base], [estimate(d, block) for d in new]
-    calls, median = (lambda ds: sum(_moments(d)[0] for d in ds)), (lambda ds: float(np.median([_moments(d)[3] for d in ds])))
     if all(e.mean > 0 for e in eb + en):
         st = compare_pairs([e.mean for e in eb], [e.mean for e in en], confidence, alpha)
     else: st = {**dict.fromkeys(CHANGE_COLS, math.nan), 'spread': math.nan, 'test': '', 'base': math.nan, 'new': math.nan}
-    return {'Base Calls': calls(base), 'New Calls': calls(new), 'Base Mean': st['base'], 'New Mean': st['new'],
-            'Base Median': median(base), 'New Median': median(new), **{k: st[k] for k in CHANGE_COLS},
-            'Between-Run %': math.nan, 'Spread': st['spread'],
-            'Test': '' if st[P_VALUE] != st[P_VALUE] else f"{st['test']} of runs in turns"}
+    return _runs_row(base, new, st, f"{st['test']} of runs in turns", math.nan)
 
 def change_runs(base:list, new:list, confidence:float=0.95, block:int=BLOCK, noise:Noise|None=None) -> dict:
     "How one step's durations in the runs `new` differ from those in the runs `base` (a distribution a run, several runs on a side at least): `stats.compare_runs` of each run's `stats.estimate` (each run at least as far from its side's level as a trial of a `noise` record was), each side's level, its runs' median median and their calls"
     st = compare_runs([estimate(d, block) for d in base], [estimate(d, block) for d in new], confidence, noise.spread if noise else 0.)
-    calls, median = (lambda ds: sum(_moments(d)[0] for d in ds)), (lambda ds: float(np.median([_moments(d)[3] for d in ds])))
-    return {'Base Calls': calls(base), 'New Calls': calls(new), 'Base Mean': st['base'], 'New Mean': st['new'],
-            'Base Median': median(base), 'New Median': median(new), **{k: st[k] for k in CHANGE_COLS},
-            'Between-Run %': 100*st['between'], 'Spread': st['spread'],
-            'Test': '' if st[P_VALUE] != st[P_VALUE] else f't on {len(base)} + {len(new)} runs'}
+    return _runs_row(base, new, st, f't on {len(base)} + {len(new)} runs', 100*st['between'])
 
 def _clear(p:float, lo:float, hi:float, alpha:float) -> bool:
     "Whether a tested change is no noise: its p-value under `alpha` and its interval `lo`..`hi` (percent) clear of zero"
