@@ -120,8 +120,8 @@ def analyze(a):
     settings = {'defaults': {}, 'test alone (min_change 0)': dict(min_change=0, min_share=0)}
     rows = []
     for name, kw in settings.items():
-        one = [called(aa[i], aa[i + 1], **kw)[0] for i in range(0, len(aa) - 1, 2)]
-        rows.append((name, '1 v 1 A/A, consecutive', rate(sum(one), len(one))))
+        one = [called(aa[i], aa[i + 1], within_run=True, **kw)[0] for i in range(0, len(aa) - 1, 2)]  # alone: not judged
+        rows.append((name, '1 v 1 A/A, consecutive, judged within the runs (within_run)', rate(sum(one), len(one))))
         for noise_name, r in records.items():
             one = [called(aa[i], aa[i + 1], noise=r, **kw)[0] for i in range(0, len(aa) - 1, 2)]
             rows.append((name, f'1 v 1 A/A, consecutive, with {noise_name}', rate(sum(one), len(one))))

@@ -119,7 +119,7 @@ def one_series(runs:int, batches:int, step:str|None, at:int|None, slowdown:float
     by = {m: judged(saved, step, at, m) for m in min_shifts}
     names = [k[1] for k in saved[0].distributions if k[0] == 'train']
     means = {st: [float(np.mean(r.distributions[('train', st)])) for r in saved] for st in names}  # what Otava is fed: a metric per step, a value per run
-    pairs = [] if step is not None else [compare_profiles(a, b).set_index(['Phase', 'Step']).loc[('train', 'iteration')] for a, b in zip(saved, saved[1:])]
+    pairs = [] if step is not None else [compare_profiles(a, b, within_run=True).set_index(['Phase', 'Step']).loc[('train', 'iteration')] for a, b in zip(saved, saved[1:])]
     return dict(step=step, at=at, **by[min_shifts[0]], by_min_shift={str(m): {k: r[k] for k in ('alarm', 'found')} for m, r in by.items()}, means=means,
                 compare=[dict(result=str(c['Result']), p=float(c['p-value']), change=float(c['Change %'])) for c in pairs])
 

@@ -189,6 +189,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                     'fastxtend_prof.cli._demo_learner_options': ('cli.html#_demo_learner_options', 'fastxtend_prof/cli.py'),
                                     'fastxtend_prof.cli._emit': ('cli.html#_emit', 'fastxtend_prof/cli.py'),
                                     'fastxtend_prof.cli._error': ('cli.html#_error', 'fastxtend_prof/cli.py'),
+                                    'fastxtend_prof.cli._noise': ('cli.html#_noise', 'fastxtend_prof/cli.py'),
                                     'fastxtend_prof.cli._non_negative': ('cli.html#_non_negative', 'fastxtend_prof/cli.py'),
                                     'fastxtend_prof.cli._number': ('cli.html#_number', 'fastxtend_prof/cli.py'),
                                     'fastxtend_prof.cli._options_of': ('cli.html#_options_of', 'fastxtend_prof/cli.py'),

@@ -127,7 +127,9 @@ def parser():
                                    'the change of the time per batch, its interval and a test; a verdict in words. '
                                    'With one run a side the interval covers the noise inside each run only; with '
                                    'several, the machine\'s spread between runs too; runs that ran in turns are read in pairs. '
-                                   'Exit 0, or 1 when --fail-on-regression tripped; 2 with one line on stderr for '
+                                   'One run a side is judged only with --noise or --within-run. '
+                                   'Exit 0, or 1 when --fail-on-regression tripped, 3 when it could not judge (one '
+                                   'run a side without --noise or --within-run); 2 with one line on stderr for '
                                    'bad input (a file that is not a run).')
     c.add_argument('runs', nargs='+', metavar='RUN',
                    help='BASE NEW: the baseline profile (JSON), the run before the change, then the run to judge, each '
@@ -152,6 +154,9 @@ def parser():
     c.add_argument('--noise', metavar='PATH',
                    help="a noise record (fastxtend-prof noise, learn.noise_find(save=...)): each run at least as far "
                         "from the machine's level as a trial of the record was")
+    c.add_argument('--within-run', action='store_true',
+                   help="one run a side without --noise: judge on the noise inside each run alone, right only where "
+                        "the machine's speed holds still from run to run (a quiet, dedicated host); else not judged")
     c.add_argument('--plot', metavar='PATH', help='save the side-by-side chart to this PNG file')
     c.add_argument('--format', choices=FORMATS[:3], default='text',
                    help="text (default); md: a pull request's markdown of NEW and its comparison; json: the summary "
@@ -202,6 +207,10 @@ def parser():
     r.add_argument('profile', help='the profile (JSON)')
     r.add_argument('--baseline', metavar='BASE',
                    help='a profile to compare it with, as `compare BASE PROFILE` does (JSON)')
+    r.add_argument('--noise', metavar='PATH', help='with --baseline: a noise record, as `compare --noise` takes')
+    r.add_argument('--within-run', action='store_true',
+                   help='with --baseline and no --noise: judge on the noise inside each run alone, as `compare '
+                        '--within-run` does')
     r.add_argument('--format', choices=('html', *FORMATS), default='html',
                    help="html: the page (default); text: the report table and the advice; md: a pull request's "
                         "markdown; json: the summary (its schema in the package); bmf: Bencher's metric format")
@@ -292,9 +301,17 @@ def _read_side(paths, name:str) -> list:
     from fastxtend_prof.saved import read_runs  # pandas, not torch
     return read_runs(list(paths), name)
 
+def _noise(a):
+    "The noise record `--noise` names, read and checked, or None"
+    if a.noise is None: return None
+    from fastxtend_prof.noise import load_noise  # numpy and the saved run's checks, not torch
+    from fastxtend_prof.saved import ProfileFileError
+    try: return load_noise(a.noise)
+    except ProfileFileError as e: raise ProfileFileError(f'`--noise`: {e.source}', e.field, e.expected) from None
+
 def compare_command(a) -> int:
-    ("`fastxtend-prof compare`: the comparison, printed or in `--format`; 0, or 1 when `--fail-on-regression` trips; 2 "
-     "with one line on bad input")
+    ("`fastxtend-prof compare`: the comparison, printed or in `--format`; 0, or 1 when `--fail-on-regression` trips, 3 "
+     "when it cannot judge (one run a side alone); 2 with one line on bad input")
     if a.step is not None and a.fail_on_regression is None:
         return _error('compare', '--step names the row --fail-on-regression reads: give --fail-on-regression PCT '
                                  f'too (--step {a.step} alone changes nothing)')
@@ -305,16 +322,13 @@ def compare_command(a) -> int:
         ext = 'txt' if a.format == 'text' else a.format
         out = _output(a.output, '--output', f'profile_comparison.{ext}') if a.output else None
         base, new = _read_side(base_path, 'base'), _read_side(new_path, 'new')
-        if a.noise is not None:
-            from fastxtend_prof.noise import load_noise  # numpy and the saved run's checks, not torch
-            from fastxtend_prof.saved import ProfileFileError
-            try: noise = load_noise(a.noise)
-            except ProfileFileError as e: raise ProfileFileError(f'`--noise`: {e.source}', e.field, e.expected) from None
-        else: noise = None
+        noise = _noise(a)
         # scipy, not torch
         from fastxtend_prof.compare import compare_profiles, comparison_text, slower_than, plot_comparison
-        cmp = compare_profiles(base, new, alpha=a.alpha, min_change=a.min_change, min_share=a.min_share, noise=noise)
+        cmp = compare_profiles(base, new, alpha=a.alpha, min_change=a.min_change, min_share=a.min_share, noise=noise,
+                               within_run=a.within_run)
         tripped = slower_than(cmp, pct, step) if pct is not None else False
+        judged = cmp.attrs['judged']
         if a.format == 'text': text = comparison_text(cmp)
         else:
             import json
@@ -322,8 +336,9 @@ def compare_command(a) -> int:
             text = run_markdown(new[-1], cmp) if a.format == 'md' else json.dumps(run_summary(new[-1], cmp), indent=1)
     except ValueError as e: return _error('compare', e)
     except Exception as e: return _error('compare', _unexpected(e, *a.runs, *(a.baseline or ())))
-    gate = (f'gate {"FAILED" if tripped else "passed"}: {step} must not be significantly slower by more than {pct:g}%'
-            if pct is not None else None)
+    gate = (f'gate {"FAILED" if tripped else "passed" if judged else "cannot judge"}: {step} must not be significantly '
+            f'slower by more than {pct:g}%' + ('' if judged else ' (one run a side: give --noise, several runs a side, or '
+                                                                  '--within-run)') if pct is not None else None)
     if gate and a.format == 'text': text = f'{text}\n{gate}'
     _emit(text, out, f'{a.format} comparison')
     say = sys.stderr if out is None and a.format == 'json' else sys.stdout  # printed JSON stays JSON
@@ -331,7 +346,7 @@ def compare_command(a) -> int:
     if plot:
         plot_comparison(base, new, fname=plot)
         print(f'Saved: chart {plot}', file=say)
-    return int(tripped)
+    return 1 if tripped else 0 if judged or pct is None else GATE_EXIT['not enough runs']
 
 def _outputs(a) -> dict:
     ("The files `a` (parsed arguments) asks for, each checked writable: a folder (or a path ending in '/') gets the "
@@ -366,15 +381,19 @@ def report_command(a) -> int:
         out = _output(a.output or 'profile_report.html', '--output',
                       'profile_report.html') if a.format == 'html' or a.output else None
         prof, base = _read(a.profile, 'profile'), _read(a.baseline, 'baseline') if a.baseline else None
+        if base is None and (a.noise is not None or a.within_run):
+            raise ValueError(f"{'--noise' if a.noise is not None else '--within-run'} says how to judge the comparison "
+                             'with --baseline: give --baseline BASE too')
+        judge = dict(noise=_noise(a), within_run=a.within_run)
         t0 = time.perf_counter()
         if a.format == 'html':
             from fastxtend_prof.page import save_html  # plotly
-            path = save_html(prof, out, baseline=base)
+            path = save_html(prof, out, baseline=base, **judge)
         else:
             import json
             from fastxtend_prof.compare import compare_profiles
             from fastxtend_prof.summary import run_bmf, run_markdown, run_summary
-            cmp = compare_profiles(base, prof) if base is not None else None
+            cmp = compare_profiles(base, prof, **judge) if base is not None else None
             text = {'text': lambda: _report_text(prof, cmp), 'md': lambda: run_markdown(prof, cmp),
                     'json': lambda: json.dumps(run_summary(prof, cmp), indent=1),
                     'bmf': lambda: json.dumps(run_bmf(prof), indent=1)}[a.format]()

@@ -174,6 +174,7 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
                      confidence:float=CONFIDENCE, # Of the interval on the change of the mean
                      block:int=BLOCK, # Batches a block of the statistics (`stats.estimate`): `speed_find` gives the loader's workers
                      noise=None, # A noise record (`learn.noise_find(save=...)`) or its path: how far a run is from the machine's level, counted for each run (not for runs in turns: a pair's level cancels)
+                     within_run:bool=False, # One run a side without `noise`: judge on the noise inside each run alone, right only where the machine's speed holds still from run to run (else such rows are 'not judged')
                     ) -> pd.DataFrame:
     "Per (phase, step), how `new`'s per-batch times differ from `base`'s, with a test (with several runs a side, on the runs: in pairs where they ran in turns); the verdict and warnings in `.attrs`"
     check_number('alpha', alpha, 0, 1, open_lo=True); check_number('confidence', confidence, 0, 1, open_lo=True)
@@ -189,14 +190,15 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
     if not rows: raise ValueError('`base` and `new` have no train or valid step in common to compare')
     out = pd.DataFrame(rows)
     out['Of Iteration %'] = _of_iteration(out)
-    out['Significant'] = out.Significant & ~(out['Of Iteration %'].abs() < min_share)   # NaN (no iteration row): not held back
-    out['Result'] = np.where(out.Significant, np.where(out[CHANGE] > 0, 'slower', 'faster'), 'no significant change')
+    judged = len(bs) + len(ns) > 2 or noise is not None or bool(within_run)  # one run a side alone cannot see the machine's level
+    out['Significant'] = out.Significant & ~(out['Of Iteration %'].abs() < min_share) & judged   # NaN (no iteration row): not held back
+    out['Result'] = np.where(out.Significant, np.where(out[CHANGE] > 0, 'slower', 'faster'), 'no significant change' if judged else 'not judged')
     head = out[(out.Phase == HEADLINE[0]) & (out.Step == HEADLINE[1])]
     spread = float(head.Spread.iloc[0]) if 'Spread' in out and len(head) else noise.spread if noise else math.nan
     out = out.reindex(columns=[*COMPARE_COLS, *(f'{w} {c}' for c in compared_columns() for w in ('Base', 'New'))]).astype({'Significant': bool})
     source = lambda runs: ', '.join(str(r.source) for r in runs)
     out.attrs.update(warnings=comparability(bs, ns), alpha=alpha, min_change=min_change, min_share=min_share, confidence=confidence,
-                     base=source(bs), new=source(ns), runs=(len(bs), len(ns)), noise=noise, paired=turns, spread=spread,
+                     base=source(bs), new=source(ns), runs=(len(bs), len(ns)), noise=noise, paired=turns, spread=spread, judged=judged,
                      runs_needed=None if not 0 < min_change < 100 else pairs_needed(spread, min_change, alpha/2, POWER) if turns
                      else runs_needed(spread, min_change, alpha, POWER))
     out.attrs['verdict'] = comparison_verdict(out)
@@ -219,9 +221,13 @@ def runs_note(cmp:pd.DataFrame) -> str:
     if kb + kn == 2 and noise is not None:
         return (f"One run a side, with the noise record of {noise.trials} trials: the interval counts the machine's level, "
                 f"each run at least {100*noise.spread:.1f}% from it as a trial was" + plan)
-    if kb + kn == 2: return ("One run a side: the interval covers the noise inside each run, not the machine's speed, which moves from "
-                             "run to run; compare several runs a side (a list, or a folder each), or give a noise record "
-                             "(`learn.noise_find`), and it counts that too")
+    if kb + kn == 2 and cmp.attrs.get('judged', True):
+        return ("One run a side, judged within the runs (`within_run`): the interval covers the noise inside each run, not the "
+                "machine's speed, which moves from run to run")
+    if kb + kn == 2: return ("One run a side, not judged: the interval covers the noise inside each run, not the machine's speed, "
+                             "which moves from run to run (on a shared machine identical runs fall outside it more often than "
+                             "`alpha` says); run several runs a side in turns (a list, or a folder each), give a noise record "
+                             "(`learn.noise_find`), or pass `within_run=True` where the machine's speed holds still")
     it = cmp[(cmp.Phase == HEADLINE[0]) & (cmp.Step == HEADLINE[1])]
     if cmp.attrs.get('paired'):
         spread = cmp.attrs.get('spread', math.nan)
@@ -244,14 +250,17 @@ def comparison_verdict(cmp:pd.DataFrame) -> str:
     for c, fmt in compared_columns().items():
         b, n = it.get(f'Base {c}', math.nan), it.get(f'New {c}', math.nan)
         if b == b and n == n: rate += f', {c} {fmt.format(b)} → {fmt.format(n)}'
-    ci = f'{level:.0%} CI {_pct(lo)} to {_pct(hi)}' if lo == lo else 'untested'
+    judged = cmp.attrs.get('judged', True)
+    ci = f"{level:.0%} CI{'' if judged else ' inside the runs'} {_pct(lo)} to {_pct(hi)}" if lo == lo else 'untested'
     said = f"{_pct(ch)} time ({ci}), {rate}" if rate else f"{_pct(ch)} time ({ci})"
-    head = f"train iteration {'faster' if ch < 0 else 'slower'}: {said}" if it['Significant'] else f'train iteration: no significant change, {said}'
+    head = (f"train iteration {'faster' if ch < 0 else 'slower'}: {said}" if it['Significant'] else
+            f'train iteration: no significant change, {said}' if judged else f'train iteration: not judged, {said}')
     parts, alpha, min_share = [], cmp.attrs.get('alpha', ALPHA), cmp.attrs.get('min_share', MIN_SHARE)
     for s in VERDICT_STEPS:
         if s not in t.index: continue
         r = t.loc[s]
         if r['Significant']: parts.append(f"{s} {_pct(r[CHANGE])} (significant)")
+        elif not judged: parts.append(f"{s} {_pct(r[CHANGE])}")
         elif abs(r[CHANGE]) < cmp.attrs.get('min_change', MIN_CHANGE): parts.append(f'{s} unchanged')
         elif _clear(r[P_VALUE], r[CI_LOW], r[CI_HIGH], alpha):   # real, but held back by min_share
             moved = r['New Mean'] - r['Base Mean']
@@ -307,13 +316,17 @@ class Baseline(Feature):
     name, order, main, rules = 'baseline', 950, 'profile', (baseline,)
     def __init__(self,
         profile=None, # The run to compare with: a JSON file from `learn.profile(save_json=True)`, a `SavedProfile`, a profiled Learner, or several runs (a folder or a list)
+        noise=None, # A noise record (`learn.noise_find(save=...)`) or its path: judges a fit against one baseline run with the machine's spread
+        within_run:bool=False, # Against one baseline run without `noise`: judge on the noise inside the runs alone (`compare_profiles`)
     ):
         if profile is None: raise ValueError('`baseline` needs the profile to compare with: a JSON file saved with `learn.profile(save_json=True)`')
         self.profile = read_runs(profile, 'baseline')  # read now: a bad file fails here, not after training
+        self.noise, self.within_run = as_noise(noise), within_run
     def finish(self, learn, relay):
         base, meta = self.profile, run_metadata(learn)  # the run's metadata now; the comparison when first read
         def compare(r): return compare_profiles(base, SavedProfile(r.results, {**meta, 'warmup': r.recorder.warmup, 'sync': r.sync},
-                                                                   step_distributions(r.recorder), 'this fit'))
+                                                                   step_distributions(r.recorder), 'this fit'),
+                                                   noise=self.noise, within_run=self.within_run)
         return Later(compare)
     def text(self, cmp, result): return '' if cmp is None else comparison_text(cmp)
     def __repr__(self): return f"Baseline({', '.join(str(r.source) for r in self.profile)!r})"

@@ -192,6 +192,8 @@ def profile_page(source, # A Learner after a profiled fit, a JSON file from `lea
                  baseline=None, # A run to compare with (the same kinds): adds the comparison
                  title:str|None=None, # The page's title (default: the report's)
                  max_points:int=MAX_POINTS, # A timeline's points per step at most
+                 noise=None, # With `baseline`: a noise record, as `compare_profiles` takes
+                 within_run:bool=False, # With `baseline` and no `noise`: judge on the noise inside each run alone (`compare_profiles`)
                 ) -> str:
     "One self-contained HTML page of a profile: overview, report table, timelines, distributions, features, ranks, comparison, metadata"
     plotly_modules()  # an ImportError saying what to install, before any work
@@ -224,7 +226,7 @@ def profile_page(source, # A Learner after a profiled fit, a JSON file from `lea
                  + '<details><summary>every rank\'s report</summary>' + table_html(prof.ranks, 'ranks-table') + '</details>')
     else: ranks = '<p class="note">A single process: no ranks.</p>'
     if base is not None:
-        cmp = compare_profiles(base, prof)
+        cmp = compare_profiles(base, prof, noise=noise, within_run=within_run)
         comparison = pre_html([comparison_verdict(cmp)]) + table_html(format_comparison(cmp), 'comparison-table')
     else: comparison = '<p class="note">No baseline given (`fastxtend-prof report RUN.json --baseline BASE.json`, or `baseline=`).</p>'
     rows = pd.DataFrame(_metadata_rows(meta), columns=['key', 'value'])

@@ -59,7 +59,8 @@ def test_noise_find_leaves_the_training_that_follows_bit_identical():
 RUN_LEVELS = (10e-3, 16e-3)  # two runs of the same code, the second at a level 50% higher (as two fits under a changing load)
 
 def test_one_run_a_side_with_the_record_counts_the_machine_between_runs(tmp_path):
-    """Two runs of the same code at levels 50% apart: alone, compare calls the second slower; with a record of trials
+    """Two runs of the same code at levels 50% apart: alone, compare does not judge them, and judged within the runs it
+    calls the second slower; with a record of trials
     that moved as much, it does not, and says what it counted. A real slowdown many times the record's spread is still
     found through it"""
     def fit(levels, cbs=()):
@@ -67,7 +68,8 @@ def test_one_run_a_side_with_the_record_counts_the_machine_between_runs(tmp_path
         with learn.no_logging(), recorder_with(CLOCK): learn.fit(1)
         return profile_of(learn)
     a, b = fit(RUN_LEVELS[:1]), fit(RUN_LEVELS[1:])
-    assert compare_profiles(a, b).set_index(['Phase', 'Step']).loc[('train', 'iteration'), 'Result'] == 'slower'
+    assert compare_profiles(a, b).set_index(['Phase', 'Step']).loc[('train', 'iteration'), 'Result'] == 'not judged'
+    assert compare_profiles(a, b, within_run=True).set_index(['Phase', 'Step']).loc[('train', 'iteration'), 'Result'] == 'slower'
     learn = mlp([Level(TRIAL_LEVELS)])
     with recorder_with(CLOCK): n = learn.noise_find(trials=6, batches=20, warmup=1, show=False)
     with_record = compare_profiles(a, b, noise=n)
@@ -80,7 +82,8 @@ def test_one_run_a_side_with_the_record_counts_the_machine_between_runs(tmp_path
     save_noise(n, tmp_path/'noise.json')
     cli = lambda *args: subprocess.run([sys.executable, '-m', 'fastxtend_prof', 'compare', *map(str, args)], capture_output=True, text=True, timeout=300)
     plain, counted = cli(tmp_path/'a.json', tmp_path/'b.json', '--fail-on-regression', 10), cli(tmp_path/'a.json', tmp_path/'b.json', '--noise', tmp_path/'noise.json', '--fail-on-regression', 10)
-    assert plain.returncode == 1 and counted.returncode == 0 and 'noise record' in counted.stdout, (plain.stdout, counted.stdout + counted.stderr)
+    within = cli(tmp_path/'a.json', tmp_path/'b.json', '--within-run', '--fail-on-regression', 10)
+    assert (plain.returncode, within.returncode, counted.returncode) == (3, 1, 0) and 'noise record' in counted.stdout, (plain.stdout, within.stdout, counted.stdout + counted.stderr)
     (tmp_path/'bad.json').write_text(json.dumps({'format': 'fastxtend_prof.noise/1', 'levels': [1.0]}))
     bad = cli(tmp_path/'a.json', tmp_path/'b.json', '--noise', tmp_path/'bad.json')
     assert bad.returncode == 2 and bad.stderr.startswith('fastxtend-prof compare: error: `--noise`: ') and len(bad.stderr.splitlines()) == 1, bad.stderr
