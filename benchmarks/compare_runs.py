@@ -13,6 +13,9 @@ Two parts, so that the fits (the slow part, run under the load you want) and the
     # (ABABAB: read in pairs) and one side after the other (AAABBB); the same groups of A and B for the power, read in
     # pairs and, their times dropped, as independent runs
     python benchmarks/compare_runs.py analyze runs_varying
+    # the power of pairs at more pairs than the fits give non-overlapping groups of: random sets of k of the real pairs
+    # (A_i, B_i), in their order, each set read as compare reads it, beside the pairs compare's plan says it needs
+    python benchmarks/compare_runs.py power runs_varying --draws 200
 
 Each rate is printed with its 95% interval (Clopper and Pearson). A fit is one process's fit after a first, unprofiled
 one, as CI's nightly job would be run after run; the machine's level moves between fits wherever the load does.
@@ -145,6 +148,41 @@ def analyze(a):
     print('\n| setting | comparison | called |\n|---|---|---:|')
     for r in rows: print('| ' + ' | '.join(r) + ' |')
 
+def power_of_pairs(a):
+    """How often `compare_profiles` finds B slower with k pairs of runs in turns, k past what non-overlapping groups of
+    the fits allow: `draws` random sets of k of the real neighbouring pairs (a bootstrap of pairs, each set in time order,
+    so read in pairs), beside the pairs compare's plan asks for B's change from all the pairs (`stats.pairs_needed_from`:
+    drawn from the pairs themselves) and what Noether's asymptotic size said (`stats.pairs_needed` on `rank_spread`)"""
+    from fastxtend_prof.saved import load_profile, SavedProfile
+    from fastxtend_prof.compare import compare_profiles
+    from fastxtend_prof.stats import pairs_needed, pairs_needed_from, rank_spread
+    from fastxtend_prof.defaults import ALPHA
+    folder = pathlib.Path(a.folder)
+    plan = json.loads((folder/'plan.json').read_text())
+    files = sorted(folder.glob('[0-9]*_?.json'))[plan.get('aa', plan['fits']//2):]
+    key = ('train', 'iteration')
+    def lean(p): return SavedProfile(p.results, p.metadata, {key: p.distributions[key]}, p.source)  # the row the gate reads
+    runs = [(f.stem[-1], lean(load_profile(f))) for f in files]
+    As, Bs = [r for k, r in runs if k == 'A'], [r for k, r in runs if k == 'B']
+    n = min(len(As), len(Bs))
+    d = np.log([iteration(b)/iteration(x) for x, b in zip(As[:n], Bs[:n])])
+    spread, change = rank_spread(d), 100*float(np.expm1(np.median(d)))
+    need, asymptotic = pairs_needed_from(d, change, ALPHA/2), pairs_needed(spread, change, ALPHA/2)
+    print(f"{n} real pairs; B's change, the pairs' median: {change:+.1f}%; compare's plan (drawn from the pairs) asks "
+          f"{need} pairs to find it 80% of the time at alpha {ALPHA} (two-sided); Noether's size on their rank_spread "
+          f"({spread:.3f}) said {asymptotic}")
+    rng = np.random.default_rng(a.seed)
+    print('\n| pairs | found slower (of random sets of real pairs) |\n|---:|---|')
+    for k in sorted({*a.pairs, *(k for k in (need, asymptotic) if k and k <= n)}):
+        if k > n: continue
+        found = 0
+        for _ in range(a.draws):
+            idx = np.sort(rng.choice(n, k, replace=False))
+            it = compare_profiles([As[i] for i in idx], [Bs[i] for i in idx]).set_index(['Phase', 'Step']).loc[key]
+            found += bool(it['Significant'] and it['Change %'] > 0)
+        said = ' (the plan)' if k == need else " (Noether's size)" if k == asymptotic else ''
+        print(f'| {k}{said} | {rate(found, a.draws)} |', flush=True)
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     sub = ap.add_subparsers(dest='cmd', required=True)
@@ -152,6 +190,9 @@ def main():
     c.add_argument('--aa', type=int, default=None, help='the A/A fits first (default half the fits); then A and B in turns')
     c.set_defaults(func=collect)
     z = sub.add_parser('analyze'); z.add_argument('folder'); z.set_defaults(func=analyze)
+    w = sub.add_parser('power'); w.add_argument('folder'); w.add_argument('--draws', type=int, default=200)
+    w.add_argument('--pairs', type=int, nargs='+', default=[10, 20, 30, 40, 50, 60, 80, 100]); w.add_argument('--seed', type=int, default=0)
+    w.set_defaults(func=power_of_pairs)
     n = sub.add_parser('noise'); n.add_argument('folder'); n.add_argument('--trials', type=int, default=8)
     n.add_argument('--name', default='noise.json'); n.set_defaults(func=noise)
     a = ap.parse_args()

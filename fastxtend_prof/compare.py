@@ -21,7 +21,7 @@ from .saved import (COMPARED, SavedProfile, result_rows, result_value, as_profil
 from .stage_rows import stage_view
 from .advice import Advice, fill_text
 from .features import FEATURES, Feature, Later, register_feature
-from .stats import BLOCK, CHANGE, CHANGE_COLS, CI_HIGH, CI_LOW, P_VALUE, compare, compare_runs, compare_pairs, estimate, runs_needed, pairs_needed, MOST_RUNS  # the one model behind every verdict
+from .stats import BLOCK, CHANGE, CHANGE_COLS, CI_HIGH, CI_LOW, P_VALUE, compare, compare_runs, compare_pairs, estimate, runs_needed, pairs_needed_from, MOST_RUNS  # the one model behind every verdict
 from .noise import Noise, as_noise
 from .defaults import ALPHA, MIN_CHANGE, MIN_SHARE  # shared with the command line's parser, which must not import this module
 
@@ -129,6 +129,12 @@ def change_runs(base:list, new:list, confidence:float=0.95, block:int=BLOCK, noi
     st = compare_runs([estimate(d, block) for d in base], [estimate(d, block) for d in new], confidence, noise.spread if noise else 0.)
     return _runs_row(base, new, st, f't on {len(base)} + {len(new)} runs', 100*st['between'])
 
+def _pair_diffs(bs:list, ns:list, block:int=BLOCK) -> np.ndarray:
+    "The log differences of the headline's means, pair by pair, of runs in turns (empty where a run lacks its distribution): what the plan of pairs draws from"
+    if not all(HEADLINE in r.distributions for r in bs + ns): return np.array([])
+    m = lambda r: estimate(r.distributions[HEADLINE], block).mean
+    with np.errstate(divide='ignore', invalid='ignore'): return np.log(np.array([m(n)/m(b) for b, n in zip(bs, ns)]))
+
 def _clear(p:float, lo:float, hi:float, alpha:float) -> bool:
     "Whether a tested change is no noise: its p-value under `alpha` and its interval `lo`..`hi` (percent) clear of zero"
     return p < alpha and (lo > 0 or hi < 0)
@@ -199,8 +205,8 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
     source = lambda runs: ', '.join(str(r.source) for r in runs)
     out.attrs.update(warnings=comparability(bs, ns), alpha=alpha, min_change=min_change, min_share=min_share, confidence=confidence,
                      base=source(bs), new=source(ns), runs=(len(bs), len(ns)), noise=noise, paired=turns, spread=spread, judged=judged,
-                     runs_needed=None if not 0 < min_change < 100 else pairs_needed(spread, min_change, alpha/2, POWER) if turns
-                     else runs_needed(spread, min_change, alpha, POWER))
+                     runs_needed=None if not 0 < min_change < 100 else pairs_needed_from(_pair_diffs(bs, ns, block), min_change, alpha/2, POWER)
+                     if turns else runs_needed(spread, min_change, alpha, POWER))
     out.attrs['verdict'] = comparison_verdict(out)
     out.attrs['stages'] = stage_changes(bs[-1], ns[-1])  # None unless both runs timed the loader's stages
     return out

@@ -10,7 +10,7 @@ import json, math
 from pathlib import Path
 from dataclasses import dataclass, field
 import numpy as np
-from .stats import MOST_RUNS, runs_needed, smallest_change, pairs_needed, rank_spread
+from .stats import MOST_RUNS, runs_needed, smallest_change, pairs_needed_from
 from .saved import ProfileFileError, atomic_write_text, read_doc
 from .report import format_duration
 from .defaults import ALPHA
@@ -55,9 +55,9 @@ class Noise:
         "The fewest runs a side that find a `change` (percent) `want` of the time at `alpha`, on the runs' own spread (`stats.runs_needed`)"
         return runs_needed(self.spread, change, alpha, want)
     def pairs_for(self, change:float, alpha:float=ALPHA, want:float=POWER) -> int|None:
-        "The fewest pairs of runs in turns that find a `change` (percent) `want` of the time at `alpha` (`compare`'s pairs: the signed-rank test, two-sided), a pair's difference spreading as consecutive trials' did (`stats.rank_spread`); None with fewer than 4 trials, or past 1,000 pairs"
+        "The fewest pairs of runs in turns that find a `change` (percent) `want` of the time at `alpha` (`compare`'s pairs: the signed-rank test, two-sided), pairs drawn from consecutive trials' differences (`stats.pairs_needed_from`); None with fewer than 4 trials, or past 1,000 pairs"
         if self.trials < 4 or not 0 < change < 100: return None
-        return pairs_needed(rank_spread(np.diff(np.log(self.levels))), change, alpha/2, want)
+        return pairs_needed_from(np.diff(np.log(self.levels)), change, alpha/2, want)
 
 # %% ../nbs/45_noise.ipynb #6e2d0c38
 def noise_text(n:Noise, alpha:float=ALPHA, change:float=10.) -> str:

@@ -6,8 +6,8 @@
 __all__ = ['BLOCK', 'CHANGE', 'CI_LOW', 'CI_HIGH', 'P_VALUE', 'CHANGE_COLS', 'CONFIDENCE', 'MIN_BLOCKS', 'MIN_AR_BLOCKS',
            'MAX_AR', 'MIN_DF', 'MOST_RUNS', 'Estimate', 'block_means', 'estimate', 'student', 'compare', 'between',
            'weights', 'level', 'compare_runs', 'power', 'smallest_change', 'runs_needed', 'Paired', 'paired', 'chain',
-           'pairs_needed', 'spread_bound', 'rank_spread', 'compare_pairs', 'steady', 'scan', 'null_max', 'adjusted_p',
-           'segment']
+           'pairs_needed', 'spread_bound', 'rank_spread', 'pairs_needed_from', 'compare_pairs', 'steady', 'scan',
+           'null_max', 'adjusted_p', 'segment']
 
 # %% ../nbs/42_stats.ipynb #059f1aee
 import math
@@ -311,12 +311,46 @@ def rank_spread(d) -> float:
     dens = (n*kde(x) - 1/(h*math.sqrt(2*math.pi)))/(n - 1)   # each point's density without itself
     return float(1/(2*math.sqrt(math.pi)*max(float(dens.mean()), 1e-300)))
 
+def _signed_rank_found(s:np.ndarray, level:float) -> float:
+    "The share of the rows of `s` (each row one set of pairs' log differences) in which Wilcoxon's signed-rank test at one-sided `level` finds them above zero (the normal approximation, with ties' average ranks)"
+    n = s.shape[1]
+    if 2.**-n > level: return 0.   # all n signs one way is the least p: 2^-n
+    w = (sps.rankdata(np.abs(s), axis=1)*(s > 0)).sum(1)
+    z = (w - n*(n + 1)/4)/math.sqrt(n*(n + 1)*(2*n + 1)/24)
+    return float(np.mean(z > sps.norm.isf(level)))
+
+def pairs_needed_from(d, # The log differences of the pairs at hand (a pilot's, or a comparison's own)
+                      change:float, # The change to find, in percent (its size: slower or faster alike)
+                      level:float, # The one-sided test's level (a two-sided comparison at `alpha`: `alpha`/2)
+                      want:float=0.8, # How often it must find it
+                      most:int=1000, # Looked for up to this many pairs
+                      draws:int=1000, # Sets of pairs drawn at each size tried
+                      seed:int=0, # Of the draws: the same pairs give the same answer
+                     ) -> int|None:
+    "The fewest pairs with which the signed-rank test at `level` finds `change` percent `want` of the time, the pairs drawn (with replacement) from `d` moved to centre on the change: the pairs' own tails set the power at a few dozen pairs, which `pairs_needed` on `rank_spread` (an asymptotic size) misses; None with fewer than 3 pairs, or past `most`"
+    x = np.asarray(d, dtype=float)
+    if len(x) < 3 or not 0 < change < 100 or not np.isfinite(x).all(): return None
+    x = x - float(np.median((x[:, None] + x[None, :])[np.triu_indices(len(x))]/2)) + math.log1p(change/100)  # their centre (Hodges-Lehmann) on the change
+    rng = np.random.default_rng(seed)
+    def found(k): return _signed_rank_found(x[rng.integers(0, len(x), (draws, k))], level) >= want
+    least = math.ceil(math.log2(1/level))   # fewer cannot reach `level` at all
+    hi = least
+    while not found(hi):   # double, then bisect between the last miss and the first hit
+        if hi >= most: return None
+        hi = min(2*hi, most)
+    lo = max(least, hi//2)
+    if lo == hi or found(lo): return lo
+    while hi - lo > 1:
+        mid = (lo + hi)//2
+        lo, hi = (lo, mid) if found(mid) else (mid, hi)
+    return hi
+
 def compare_pairs(base, # One configuration's runs' mean seconds a batch, in the order the pairs ran
                   new, # The other's, pair by pair
                   confidence:float=CONFIDENCE, # Of the interval
                   alpha:float|None=None, # The two-sided level it is read at: with too few pairs for the signed-rank test to reach it, Student's t
                  ) -> dict:
-    "How `new` differs from `base` where they ran in pairs (one of each, back to back): `paired`'s change and interval, read two-sided; `compare`'s keys, with `spread` (`rank_spread` of the pairs' log differences: what `pairs_needed` sizes from) and `test` (which test)"
+    "How `new` differs from `base` where they ran in pairs (one of each, back to back): `paired`'s change and interval, read two-sided; `compare`'s keys, with `spread` (`rank_spread` of the pairs' log differences) and `test` (which test)"
     half = None if alpha is None else alpha/2
     slower, faster = paired(new, base, confidence, half), paired(base, new, confidence, half)  # each one-sided
     p = 2*min(faster.p_faster, slower.p_faster) if faster.p_faster == faster.p_faster else math.nan
