@@ -333,13 +333,11 @@ def pairs_needed_from(d, # The log differences of the pairs at hand (a pilot's, 
     x = x - float(np.median((x[:, None] + x[None, :])[np.triu_indices(len(x))]/2)) + math.log1p(change/100)  # their centre (Hodges-Lehmann) on the change
     rng = np.random.default_rng(seed)
     def found(k): return _signed_rank_found(x[rng.integers(0, len(x), (draws, k))], level) >= want
-    least = math.ceil(math.log2(1/level))   # fewer cannot reach `level` at all
-    hi = least
+    lo = hi = math.ceil(math.log2(1/level))   # fewer cannot reach `level` at all
     while not found(hi):   # double, then bisect between the last miss and the first hit
         if hi >= most: return None
-        hi = min(2*hi, most)
-    lo = max(least, hi//2)
-    if lo == hi or found(lo): return lo
+        lo, hi = hi, min(2*hi, most)
+    if lo == hi: return hi   # the least that can reach `level` is enough
     while hi - lo > 1:
         mid = (lo + hi)//2
         lo, hi = (lo, mid) if found(mid) else (mid, hi)
