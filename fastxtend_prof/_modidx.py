@@ -252,6 +252,8 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                         'fastxtend_prof.compare.in_turns': ('compare.html#in_turns', 'fastxtend_prof/compare.py'),
                                         'fastxtend_prof.compare.plot_comparison': ( 'compare.html#plot_comparison',
                                                                                     'fastxtend_prof/compare.py'),
+                                        'fastxtend_prof.compare.record_warnings': ( 'compare.html#record_warnings',
+                                                                                    'fastxtend_prof/compare.py'),
                                         'fastxtend_prof.compare.runs_note': ('compare.html#runs_note', 'fastxtend_prof/compare.py'),
                                         'fastxtend_prof.compare.show_comparison': ( 'compare.html#show_comparison',
                                                                                     'fastxtend_prof/compare.py'),

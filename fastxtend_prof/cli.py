@@ -338,7 +338,9 @@ def compare_command(a) -> int:
     except Exception as e: return _error('compare', _unexpected(e, *a.runs, *(a.baseline or ())))
     gate = (f'gate {"FAILED" if tripped else "passed" if judged else "cannot judge"}: {step} must not be significantly '
             f'slower by more than {pct:g}%' + ('' if judged else ' (one run a side: give --noise, several runs a side, or '
-                                                                  '--within-run)') if pct is not None else None)
+                                                                  '--within-run)' if noise is None else ' (the noise '
+                                                                  'record does not describe the base run: see the warning)')
+            if pct is not None else None)
     if gate and a.format == 'text': text = f'{text}\n{gate}'
     _emit(text, out, f'{a.format} comparison')
     say = sys.stderr if out is None and a.format == 'json' else sys.stdout  # printed JSON stays JSON

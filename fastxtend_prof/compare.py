@@ -5,9 +5,9 @@
 # %% auto #0
 __all__ = ['MIN_CALLS', 'CONFIDENCE', 'HEADLINE', 'COMPARED_SETTINGS', 'POWER', 'COMPARE_COLS', 'VERDICT_STEPS', 'BASELINE_RATIO',
            'BASELINE_HINTS', 'change_stats', 'stage_changes', 'stage_changes_text', 'comparability', 'in_turns',
-           'change_pairs', 'change_runs', 'compared_columns', 'compare_profiles', 'throughput', 'runs_note',
-           'comparison_verdict', 'slower_than', 'baseline_advice', 'baseline', 'Baseline', 'format_comparison',
-           'comparison_text', 'show_comparison', 'plot_comparison']
+           'change_pairs', 'change_runs', 'record_warnings', 'compared_columns', 'compare_profiles', 'throughput',
+           'runs_note', 'comparison_verdict', 'slower_than', 'baseline_advice', 'baseline', 'Baseline',
+           'format_comparison', 'comparison_text', 'show_comparison', 'plot_comparison']
 
 # %% ../nbs/08_compare.ipynb #65a33dda
 import math
@@ -135,6 +135,21 @@ def _pair_diffs(bs:list, ns:list, block:int=BLOCK) -> np.ndarray:
     m = lambda r: estimate(r.distributions[HEADLINE], block).mean
     with np.errstate(divide='ignore', invalid='ignore'): return np.log(np.array([m(n)/m(b) for b, n in zip(bs, ns)]))
 
+def record_warnings(base:list, noise:Noise|None, block:int=BLOCK) -> list:
+    "Where a run of `base` ran at a level the `noise` record's trials never came near (farther from the record's level than its farthest trial by twice its spread, on the log scale), in words: the record, measured at another time, load or on another Learner, may not hold for these runs"
+    if noise is None or not noise.trials: return []
+    far = max(abs(math.log(v/noise.level)) for v in noise.levels) + 2*noise.spread
+    out = []
+    for i, r in enumerate(base):
+        m = estimate(r.distributions[HEADLINE], block).mean if HEADLINE in r.distributions else math.nan
+        if not (m > 0 and abs(math.log(m/noise.level)) > far): continue
+        which = 'base' if len(base) == 1 else f'base run {i + 1}'
+        out.append(f"{which} ran at {format_duration(m)} a train iteration, {100*(m/noise.level - 1):+.0f}% from the noise record's level "
+                   f"({format_duration(noise.level)}, its trials {format_duration(min(noise.levels))} to {format_duration(max(noise.levels))}): "
+                   'the record may not describe the machine (or the Learner) as it was for these runs, and its spread may not hold; '
+                   'measure it beside them, or run the runs in turns')
+    return out
+
 def _clear(p:float, lo:float, hi:float, alpha:float) -> bool:
     "Whether a tested change is no noise: its p-value under `alpha` and its interval `lo`..`hi` (percent) clear of zero"
     return p < alpha and (lo > 0 or hi < 0)
@@ -196,14 +211,16 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
     if not rows: raise ValueError('`base` and `new` have no train or valid step in common to compare')
     out = pd.DataFrame(rows)
     out['Of Iteration %'] = _of_iteration(out)
-    judged = len(bs) + len(ns) > 2 or noise is not None or bool(within_run)  # one run a side alone cannot see the machine's level
+    far = [] if turns else record_warnings(bs, noise, block)
+    # one run a side alone cannot see the machine's level; a record that does not describe the base run cannot either
+    judged = len(bs) + len(ns) > 2 or (noise is not None and not far) or bool(within_run)
     out['Significant'] = out.Significant & ~(out['Of Iteration %'].abs() < min_share) & judged   # NaN (no iteration row): not held back
     out['Result'] = np.where(out.Significant, np.where(out[CHANGE] > 0, 'slower', 'faster'), 'no significant change' if judged else 'not judged')
     head = out[(out.Phase == HEADLINE[0]) & (out.Step == HEADLINE[1])]
     spread = float(head.Spread.iloc[0]) if 'Spread' in out and len(head) else noise.spread if noise else math.nan
     out = out.reindex(columns=[*COMPARE_COLS, *(f'{w} {c}' for c in compared_columns() for w in ('Base', 'New'))]).astype({'Significant': bool})
     source = lambda runs: ', '.join(str(r.source) for r in runs)
-    out.attrs.update(warnings=comparability(bs, ns), alpha=alpha, min_change=min_change, min_share=min_share, confidence=confidence,
+    out.attrs.update(warnings=comparability(bs, ns) + far, alpha=alpha, min_change=min_change, min_share=min_share, confidence=confidence,
                      base=source(bs), new=source(ns), runs=(len(bs), len(ns)), noise=noise, paired=turns, spread=spread, judged=judged,
                      runs_needed=None if not 0 < min_change < 100 else pairs_needed_from(_pair_diffs(bs, ns, block), min_change, alpha/2, POWER)
                      if turns else runs_needed(spread, min_change, alpha, POWER))
@@ -224,7 +241,7 @@ def runs_note(cmp:pd.DataFrame) -> str:
     kb, kn = cmp.attrs.get('runs', (1, 1))
     noise, k, mc = cmp.attrs.get('noise'), cmp.attrs.get('runs_needed'), cmp.attrs.get('min_change', MIN_CHANGE)
     plan = f' (with that spread, {k} runs a side find a {mc:g}% change {POWER:.0%} of the time)' if k else ''
-    if kb + kn == 2 and noise is not None:
+    if kb + kn == 2 and noise is not None and cmp.attrs.get('judged', True):
         return (f"One run a side, with the noise record of {noise.trials} trials: the interval counts the machine's level, "
                 f"each run at least {100*noise.spread:.1f}% from it as a trial was" + plan)
     if kb + kn == 2 and cmp.attrs.get('judged', True):
@@ -233,7 +250,8 @@ def runs_note(cmp:pd.DataFrame) -> str:
     if kb + kn == 2: return ("One run a side, not judged: the interval covers the noise inside each run, not the machine's speed, "
                              "which moves from run to run (on a shared machine identical runs fall outside it more often than "
                              "`alpha` says); run several runs a side in turns (a list, or a folder each), give a noise record "
-                             "(`learn.noise_find`), or pass `within_run=True` where the machine's speed holds still")
+                             "(`learn.noise_find`), or pass `within_run=True` where the machine's speed holds still"
+                             + ('; the noise record given does not describe the base run (the warning says why)' if noise is not None else ''))
     it = cmp[(cmp.Phase == HEADLINE[0]) & (cmp.Step == HEADLINE[1])]
     if cmp.attrs.get('paired'):
         spread = cmp.attrs.get('spread', math.nan)
@@ -257,7 +275,8 @@ def comparison_verdict(cmp:pd.DataFrame) -> str:
         b, n = it.get(f'Base {c}', math.nan), it.get(f'New {c}', math.nan)
         if b == b and n == n: rate += f', {c} {fmt.format(b)} → {fmt.format(n)}'
     judged = cmp.attrs.get('judged', True)
-    ci = f"{level:.0%} CI{'' if judged else ' inside the runs'} {_pct(lo)} to {_pct(hi)}" if lo == lo else 'untested'
+    inside = not judged and cmp.attrs.get('noise') is None   # the interval of the noise inside the runs alone
+    ci = f"{level:.0%} CI{' inside the runs' if inside else ''} {_pct(lo)} to {_pct(hi)}" if lo == lo else 'untested'
     said = f"{_pct(ch)} time ({ci}), {rate}" if rate else f"{_pct(ch)} time ({ci})"
     head = (f"train iteration {'faster' if ch < 0 else 'slower'}: {said}" if it['Significant'] else
             f'train iteration: no significant change, {said}' if judged else f'train iteration: not judged, {said}')
