@@ -129,11 +129,15 @@ def change_runs(base:list, new:list, confidence:float=0.95, block:int=BLOCK, noi
     st = compare_runs([estimate(d, block) for d in base], [estimate(d, block) for d in new], confidence, noise.spread if noise else 0.)
     return _runs_row(base, new, st, f't on {len(base)} + {len(new)} runs', 100*st['between'])
 
+def _headline_mean(run, block:int=BLOCK) -> float:
+    "The mean seconds a batch of `run`'s headline row (`stats.estimate`), NaN where the run lacks its distribution"
+    return estimate(run.distributions[HEADLINE], block).mean if HEADLINE in run.distributions else math.nan
+
 def _pair_diffs(bs:list, ns:list, block:int=BLOCK) -> np.ndarray:
     "The log differences of the headline's means, pair by pair, of runs in turns (empty where a run lacks its distribution): what the plan of pairs draws from"
     if not all(HEADLINE in r.distributions for r in bs + ns): return np.array([])
-    m = lambda r: estimate(r.distributions[HEADLINE], block).mean
-    with np.errstate(divide='ignore', invalid='ignore'): return np.log(np.array([m(n)/m(b) for b, n in zip(bs, ns)]))
+    with np.errstate(divide='ignore', invalid='ignore'):
+        return np.log(np.array([_headline_mean(n, block)/_headline_mean(b, block) for b, n in zip(bs, ns)]))
 
 def record_warnings(base:list, noise:Noise|None, block:int=BLOCK) -> list:
     "Where a run of `base` ran at a level the `noise` record's trials never came near (farther from the record's level than its farthest trial by twice its spread, on the log scale), in words: the record, measured at another time, load or on another Learner, may not hold for these runs"
@@ -141,7 +145,7 @@ def record_warnings(base:list, noise:Noise|None, block:int=BLOCK) -> list:
     far = max(abs(math.log(v/noise.level)) for v in noise.levels) + 2*noise.spread
     out = []
     for i, r in enumerate(base):
-        m = estimate(r.distributions[HEADLINE], block).mean if HEADLINE in r.distributions else math.nan
+        m = _headline_mean(r, block)
         if not (m > 0 and abs(math.log(m/noise.level)) > far): continue
         which = 'base' if len(base) == 1 else f'base run {i + 1}'
         out.append(f"{which} ran at {format_duration(m)} a train iteration, {100*(m/noise.level - 1):+.0f}% from the noise record's level "

@@ -5,9 +5,9 @@
 # %% auto #0
 __all__ = ['BLOCK', 'CHANGE', 'CI_LOW', 'CI_HIGH', 'P_VALUE', 'CHANGE_COLS', 'CONFIDENCE', 'MIN_BLOCKS', 'MIN_AR_BLOCKS',
            'MAX_AR', 'MIN_DF', 'MOST_RUNS', 'Estimate', 'block_means', 'estimate', 'student', 'compare', 'between',
-           'weights', 'level', 'compare_runs', 'power', 'smallest_change', 'runs_needed', 'Paired', 'paired', 'chain',
-           'pairs_needed', 'spread_bound', 'rank_spread', 'pairs_needed_from', 'compare_pairs', 'steady', 'scan',
-           'null_max', 'adjusted_p', 'segment']
+           'weights', 'level', 'compare_runs', 'power', 'smallest_change', 'runs_needed', 'Paired', 'walsh_averages',
+           'paired', 'chain', 'pairs_needed', 'spread_bound', 'rank_spread', 'pairs_needed_from', 'compare_pairs',
+           'steady', 'scan', 'null_max', 'adjusted_p', 'segment']
 
 # %% ../nbs/42_stats.ipynb #059f1aee
 import math
@@ -239,6 +239,11 @@ def _paired(d:float, se:float, df:float, n:int, spread:float, confidence:float, 
     p = float(sf(-d/se)) if se > 0 else float(d >= 0)
     return Paired(lim(d), lim(d - q*se), lim(d + q*se), p, n, d, se, df, spread)
 
+def walsh_averages(d) -> np.ndarray:
+    "Every mean of two of the values `d` (each with itself too), sorted: their median is the Hodges-Lehmann centre"
+    d = np.asarray(d, dtype=float)
+    return np.sort((d[:, None] + d[None, :])[np.triu_indices(len(d))]/2)
+
 def paired(base, # The mean seconds a batch of each block of one configuration, in the order the pairs ran
            new, # The other's, pair by pair
            confidence:float=CONFIDENCE, # Of the interval
@@ -250,7 +255,7 @@ def paired(base, # The mean seconds a batch of each block of one configuration, 
     if not (len(b) and (b > 0).all() and (n > 0).all()): raise ValueError('each block needs a mean above 0 s')
     d = np.log(n/b)
     k = len(d)
-    walsh = np.sort((d[:, None] + d[None, :])[np.triu_indices(k)]/2)
+    walsh = walsh_averages(d)
     hl, m = float(np.median(walsh)), len(walsh)
     # a robust standard deviation of one pair's difference (a slow block the scheduler left out stays one rank)
     spread = 1.4826*float(np.median(np.abs(d - np.median(d)))) if k > 1 else math.nan
@@ -330,7 +335,7 @@ def pairs_needed_from(d, # The log differences of the pairs at hand (a pilot's, 
     "The fewest pairs with which the signed-rank test at `level` finds `change` percent `want` of the time, the pairs drawn (with replacement) from `d` moved to centre on the change: the pairs' own tails set the power at a few dozen pairs, which `pairs_needed` on `rank_spread` (an asymptotic size) misses; None with fewer than 3 pairs, or past `most`"
     x = np.asarray(d, dtype=float)
     if len(x) < 3 or not 0 < change < 100 or not np.isfinite(x).all(): return None
-    x = x - float(np.median((x[:, None] + x[None, :])[np.triu_indices(len(x))]/2)) + math.log1p(change/100)  # their centre (Hodges-Lehmann) on the change
+    x = x - float(np.median(walsh_averages(x))) + math.log1p(change/100)  # their centre (Hodges-Lehmann) on the change
     rng = np.random.default_rng(seed)
     def found(k): return _signed_rank_found(x[rng.integers(0, len(x), (draws, k))], level) >= want
     lo = hi = math.ceil(math.log2(1/level))   # fewer cannot reach `level` at all
