@@ -23,7 +23,7 @@ def main():
     p.add_argument('--repeats', type=int, default=5)
     a = p.parse_args()
     import fastxtend_prof.all  # noqa: F401
-    from fastxtend_prof.tune import run_trial, steady_times, predict_workers, set_num_workers, cores, LearnerState, set_aside, _measured
+    from fastxtend_prof.tune import run_trial, steady_times, predict_workers, set_num_workers, cores, LearnerState, set_aside, _measured, probe_handoff
     from fastxtend_prof.recorder import Step
     import test_tune as t
     t.BS = a.bs
@@ -38,13 +38,15 @@ def main():
                 undo()
                 medians[k].append((steady_times(prof.results), _measured(prof)['Mean']))
     state.restore()
+    handoff, receive = probe_handoff(learn)  # this machine's hand-over of this loader's batch, as speed_find measures it
     it = np.median([m[Step.ITERATION] for m, _ in medians[0]])
     wait = np.median([m[Step.WAIT] for m, _ in medians[0]])
-    print(f'items {a.item*1e3:g} ms, bs {a.bs}, compute {a.compute*1e3:g} ms, {cores()} cores, {a.repeats} repeats (medians of each trial\'s mean)')
+    print(f'items {a.item*1e3:g} ms, bs {a.bs}, compute {a.compute*1e3:g} ms, {cores()} cores, {a.repeats} repeats (medians of each trial\'s mean); '
+          f'a hand-over costs a worker {handoff*1e3:.2f} ms and the loop {receive*1e3:.2f} ms (probe_handoff)')
     print(f"{'workers':>8} {'measured':>10} {'predicted':>10} {'error':>7}")
     for k, ms in medians.items():
         meas = np.median([mean for _, mean in ms])
-        pred = predict_workers(wait, it, 0, k, cores())
+        pred = predict_workers(wait, it, 0, k, cores(), handoff=handoff, receive=receive)
         print(f'{k:>8} {meas*1e3:>8.2f}ms {pred*1e3:>8.2f}ms {100*(meas/pred - 1):>+6.0f}%')
     print()
     learn.speed_find(max_time=60)

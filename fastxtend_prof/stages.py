@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['CLOCK', 'SCHEDSTAT', 'KINDS', 'UNSHOWN', 'ITEM_KINDS', 'PER_ITEM', 'PER_BATCH', 'PER_PASS', 'FIRST', 'STAGE_COLS',
-           'READY', 'WAITING', 'STAGE_TIPS', 'STAGE_GAIN', 'HANDOFF', 'MAX_WORKERS', 'PLACE_COLORS', 'Timed',
-           'StageLog', 'thread_times', 'cpu_demand', 'work_share', 'tfm_name', 'watch_stages', 'torch_watchable',
+           'READY', 'WAITING', 'STAGE_TIPS', 'STAGE_GAIN', 'MAX_WORKERS', 'PLACE_COLORS', 'Timed', 'StageLog',
+           'thread_times', 'cpu_demand', 'work_share', 'tfm_name', 'watch_stages', 'torch_watchable',
            'watch_torch_stages', 'StageTimes', 'stage_label', 'stage_table', 'waits_of', 'queue_of', 'making_time',
            'compute_share', 'work_line', 'queue_line', 'start_line', 'shown_rows', 'stage_text', 'stage_tip',
            'typical_per_batch', 'stage_worth', 'stage_advice', 'cores', 'keep_up', 'best_case', 'best_line',
@@ -447,7 +447,6 @@ def stage_advice(table:pd.DataFrame, result, severity:str='warning') -> Advice|N
     return Advice('loader_stage', severity, ev, f'{tip}; {gain}.', verdict + '.')
 
 # %% ../nbs/34_stages.ipynb #824172ca
-HANDOFF = 1e-3  # s: a batch handed from a worker process to the main one (pickled, queued, unpickled); about 1 ms measured on the 2-core VM
 MAX_WORKERS = 64  # `best_case`: the most loader workers it considers
 
 def cores() -> int:
@@ -460,10 +459,13 @@ def keep_up(load:float, # Seconds of loader work a batch, in one process
             k:int, # Loader worker processes
             n_cores:int, # CPU cores the main process and the workers share
             share:float=1., # Of the loader's work, the share that needs a core; the rest it waits (storage, sleeps)
+            # Seconds a batch costs a worker more than making it in the loop (handing it over: `tune.probe_handoff`
+            # measures it); 0 where it was not measured, the bound
+            handoff:float=0.,
            ) -> float:
-    "Predicted train iteration with `k` loader workers (0: the loop loads each batch itself); a worker's batch costs `HANDOFF` more"
+    "Predicted train iteration with `k` loader workers (0: the loop loads each batch itself); a worker's batch costs `handoff` more"
     if k == 0: return load + compute
-    return max(compute, (load + HANDOFF)/k, (share*load + HANDOFF + compute)/max(n_cores, 1))
+    return max(compute, (load + handoff)/k, (share*load + handoff + compute)/max(n_cores, 1))
 
 def best_case(table:pd.DataFrame, # A profile's stage rows (`stage_table`)
               waits:dict, # Each loop's steady batches' waits and iterations: `waits_of(learn.profile_result)`

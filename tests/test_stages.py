@@ -403,8 +403,8 @@ def test_the_workers_needed_are_the_fewest_that_keep_up(one_thread):
     30 ms loop measured 13% waits with 2 and 3 workers; at a load of about 9, 14 ms of a 100 ms loop's 109; in a loaded
     test run beside other tests, 10.8% of a 200 ms loop; in a CI run, 11.7% of a 300 ms loop, about 35 ms: now half that
     share). Load also adds to each worker's core demand (a sleeping worker waits for a core when it wakes: 0.34 of its
-    time under CI's load), which the prediction's cores bound absorbs: (0.34×840 + 1 + 600)/2 ms is still under the 667
-    ms a loop that keeps up may take, where the loading counted whole, (840 + 1 + 600)/2, is over it for any count. The
+    time under CI's load), which the prediction's cores bound absorbs: (0.34×840 + 600)/2 ms is still under the 667
+    ms a loop that keeps up may take, where the loading counted whole, (840 + 600)/2, is over it for any count. The
     loop runs one torch thread (`one_thread`): with two, at a load of about 9, its own work took 125-150 ms a batch beside
     its sleep and one worker kept up. Breaks it: the loader's core share ignored (the cores bound then allows no count),
     or counting from 0 or past the fewest."""
