@@ -16,6 +16,8 @@ Two parts, so that the fits (the slow part, run under the load you want) and the
     # the power of pairs at more pairs than the fits give non-overlapping groups of: random sets of k of the real pairs
     # (A_i, B_i), in their order, each set read as compare reads it, beside the pairs compare's plan says it needs
     python benchmarks/compare_runs.py power runs_varying --draws 200
+    # how right a noise record's plan of pairs is by its trials: windows of consecutive A/A fits read as records
+    python benchmarks/compare_runs.py records runs_varying --trials 8 12 16 24
 
 Each rate is printed with its 95% interval (Clopper and Pearson). A fit is one process's fit after a first, unprofiled
 one, as CI's nightly job would be run after run; the machine's level moves between fits wherever the load does.
@@ -62,7 +64,7 @@ def noise(a):
     out = pathlib.Path(a.folder); out.mkdir(parents=True, exist_ok=True)
     learn = learner()
     with learn.no_logging(), learn.no_mbar(): learn.fit(1)  # one-off costs, as before each fit
-    learn.noise_find(trials=a.trials, save=out/a.name)
+    learn.noise_find(save=out/a.name, **({} if a.trials is None else dict(trials=a.trials)))
 
 def collect(a):
     import torch
@@ -183,6 +185,34 @@ def power_of_pairs(a):
         said = ' (the plan)' if k == need else " (Noether's size)" if k == asymptotic else ''
         print(f'| {k}{said} | {rate(found, a.draws)} |', flush=True)
 
+def records(a):
+    """How right a noise record's plan of pairs is, by its trials: each window of `w` consecutive A/A fits read as a record
+    of `w` trials (`Noise`, the fits' means as its levels), its `pairs_for` B's change, against the pairs the real pairs
+    (A_i, B_i) need (`stats.pairs_needed_from` on all of them: what `power` then finds 80% of the time). Within a factor
+    of 2.25 in pairs is within 1.5 in the smallest change (the change a test finds goes as one over the root of the pairs)"""
+    from fastxtend_prof.saved import load_profile
+    from fastxtend_prof.noise import Noise
+    from fastxtend_prof.stats import pairs_needed_from
+    from fastxtend_prof.defaults import ALPHA
+    folder = pathlib.Path(a.folder)
+    plan = json.loads((folder/'plan.json').read_text())
+    files = sorted(folder.glob('[0-9]*_?.json'))
+    half = plan.get('aa', plan['fits']//2)
+    lv = [(f.stem[-1], iteration(load_profile(f))) for f in files]
+    aa, ab = [v for _, v in lv[:half]], lv[half:]
+    As, Bs = [v for k, v in ab if k == 'A'], [v for k, v in ab if k == 'B']
+    d = np.log(np.asarray(Bs[:len(As)])/np.asarray(As[:len(Bs)]))
+    change = 100*float(np.expm1(np.median(d)))
+    need = pairs_needed_from(d, change, ALPHA/2)
+    print(f"{len(aa)} A/A fits; {len(d)} real pairs, B's change {change:+.1f}%: they need {need} pairs for 80% at alpha {ALPHA}")
+    print('\n| trials a record | records | its plan of pairs: median (10th-90th percentile) | within a factor of 2.25 |\n|---:|---:|---|---|')
+    for w in a.trials:
+        got = np.array([Noise(tuple(aa[s:s + w]), (0.,)*w, 1).pairs_for(change) or 1001
+                        for s in range(0, len(aa) - w + 1, max(1, w//2))])   # windows overlapping by half
+        ok = int(np.sum((got >= need/2.25) & (got <= need*2.25)))
+        q = np.quantile(got, [0.1, 0.9])
+        print(f'| {w} | {len(got)} | {np.median(got):.0f} ({q[0]:.0f}-{q[1]:.0f}) | {rate(ok, len(got))} |', flush=True)
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     sub = ap.add_subparsers(dest='cmd', required=True)
@@ -193,7 +223,9 @@ def main():
     w = sub.add_parser('power'); w.add_argument('folder'); w.add_argument('--draws', type=int, default=200)
     w.add_argument('--pairs', type=int, nargs='+', default=[10, 20, 30, 40, 50, 60, 80, 100]); w.add_argument('--seed', type=int, default=0)
     w.set_defaults(func=power_of_pairs)
-    n = sub.add_parser('noise'); n.add_argument('folder'); n.add_argument('--trials', type=int, default=8)
+    r = sub.add_parser('records'); r.add_argument('folder'); r.add_argument('--trials', type=int, nargs='+', default=[8, 12, 16, 24])
+    r.set_defaults(func=records)
+    n = sub.add_parser('noise'); n.add_argument('folder'); n.add_argument('--trials', type=int, default=None, help='default: noise_find\'s')
     n.add_argument('--name', default='noise.json'); n.set_defaults(func=noise)
     a = ap.parse_args()
     a.func(a)

@@ -9,7 +9,7 @@ __all__ = ['RUN_HELP', 'GATE_EXIT', 'demo_device', 'demo_threads', 'parser', 'co
 # %% ../nbs/10_cli.ipynb #168568d7
 import argparse, importlib.util, math, sys, time, warnings
 from pathlib import Path
-from .defaults import DEVICES, ALPHA, MIN_CHANGE, MIN_SHARE, ASKED, FORMATS, HISTORY_MIN_SHIFT, HISTORY_MIN_SHARE
+from .defaults import DEVICES, ALPHA, MIN_CHANGE, MIN_SHARE, ASKED, FORMATS, HISTORY_MIN_SHIFT, HISTORY_MIN_SHARE, NOISE_TRIALS
 from typing import TYPE_CHECKING
 if TYPE_CHECKING: import torch  # for `demo_device`'s annotation: the commands import torch only where they need it
 
@@ -188,7 +188,7 @@ def parser():
                                    'the spread inside a trial and between trials and the smallest change a comparison '
                                    'can find with 1, 3, 5 and 10 runs a side; with -o, write the record.')
     _demo_learner_options(n)
-    n.add_argument('--trials', type=_number(int, 2, 'an integer >= 2'), default=8, help='trials (default: 8)')
+    n.add_argument('--trials', type=_number(int, 2, 'an integer >= 2'), default=NOISE_TRIALS, help=f'trials (default: {NOISE_TRIALS})')
     n.add_argument('--batches', type=_number(int, 2, 'an integer >= 2'), default=40,
                    help='steady train batches a trial (default: 40)')
     n.add_argument('--warmup', type=_non_negative(int), default=3,

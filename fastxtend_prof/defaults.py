@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['DEVICES', 'ALPHA', 'MIN_CHANGE', 'MIN_SHARE', 'MIN_GAIN', 'ASKED', 'HISTORY_MIN_SHIFT', 'HISTORY_MIN_SHARE',
-           'FORMATS']
+           'NOISE_TRIALS', 'FORMATS']
 
 # %% ../nbs/33_defaults.ipynb #b3c83a31
 DEVICES = ('auto', 'cpu', 'cuda')  # where the demo trains: 'auto' is a CUDA GPU when torch sees one
@@ -13,4 +13,5 @@ MIN_GAIN = 5.0  # `speed_find`: the least saving (percent of the mean iteration)
 ASKED = ('mixed_precision', 'batch_size', 'resize_on_batch')  # `speed_find`'s fixes that change the numerics or the training: tried only when allowed
 HISTORY_MIN_SHIFT = 8.  # `history`: percent a change point moves a step at least (identical runs on a shared VM shift by up to 7% for several runs)
 HISTORY_MIN_SHARE = 1.  # ... and the batch's time, in percent of the iteration (a part of a few microseconds moves by tens of percent with the machine)
+NOISE_TRIALS = 16  # `noise_find`'s trials: records of 16 planned the pairs a change needs within a factor of 2.25 in 10 of 11 windows of real fits, of 8 in 14 of 24 (45_noise)
 FORMATS = ('text', 'md', 'json', 'bmf')  # what `report`, `compare` (not bmf) and `history --format` print (besides the page, 'html'): words, a pull request's markdown, the JSON summary, Bencher's format

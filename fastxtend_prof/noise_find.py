@@ -18,10 +18,11 @@ from .distributed import data_parallel
 from .tune import LearnerState, run_trial, set_aside, trial_block
 from .compare import HEADLINE
 from .noise import Noise, noise_text, save_noise
+from .defaults import NOISE_TRIALS
 
 @patch
 def noise_find(self:Learner,
-    trials:int=8, # Short trials of the configuration as it is, back to back
+    trials:int=NOISE_TRIALS, # Short trials of the configuration as it is, back to back
     batches:int=40, # Steady train batches a trial (as `speed_find`'s)
     warmup:int=3, # Leading train batches of each trial left out (worker start-up, first-batch costs)
     max_time:float=120., # Seconds all trials may take; the first two run whole whatever it says
