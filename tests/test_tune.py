@@ -28,7 +28,7 @@ from conftest import busy, ManualClock
 from test_applications import _vision, digits_dir, image_dls, adult_like, state, differences, run, one_thread, SEED  # noqa: F401  (fixtures: digits_dir, one_thread)
 
 ITEM, BS, COMPUTE = 1.5e-3, 8, 1e-3  # the run: items busy-wait 1.5 ms, batches of 8, 1 ms of compute
-HAND = dict(handoff=1e-3, receive=2e-3)  # a hand-over as `probe_handoff` measures one for a small batch (this VM: 1-2 ms each)
+HAND = dict(handoff=1e-3, receive=2e-3)  # a probed hand-over (`probe_handoff`; this VM reads 0.1-0.6 ms for a small batch): round numbers
 
 class BusyItems(torch.utils.data.Dataset):
     "Items that cost `item` seconds of CPU each (a busy wait), or sleep them, or `spend` them (on an injected clock); `fail_in_workers`: raise when loaded in a worker process"
