@@ -155,8 +155,8 @@ def main():
     p.add_argument('--batches', type=int, default=30, help='train batches a fit (default: 30)')
     p.add_argument('--slowdown', type=float, default=0.10, help="the slowdown, a share of the step's time (default: 0.10)")
     p.add_argument('--work', choices=('sleep', 'compute'), default='sleep', help="each step's work: a known wait, or an MLP's real compute (default: sleep)")
-    p.add_argument('--min-shift', type=float, nargs='+', default=[MIN_SHIFT, 5., 10.],
-                   help=f'the history\'s --min-shift: the first judges the series, each is reported on the same runs (default: {MIN_SHIFT:g} 5 10)')
+    p.add_argument('--min-shift', type=float, nargs='+', default=[MIN_SHIFT, 8., 3., 0.],
+                   help=f'the history\'s --min-shift: the first judges the series, each is reported on the same runs (default: {MIN_SHIFT:g} 8 3 0)')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out', help='write every series as JSON here')
     p.add_argument('--keep', help="save every run's file in this folder (a folder a series: aa-07/, slowdown-07/), to judge the series again with `fastxtend-prof history`")
