@@ -1409,6 +1409,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'fastxtend_prof.stats.compare_pairs': ('stats.html#compare_pairs', 'fastxtend_prof/stats.py'),
                                       'fastxtend_prof.stats.compare_runs': ('stats.html#compare_runs', 'fastxtend_prof/stats.py'),
                                       'fastxtend_prof.stats.estimate': ('stats.html#estimate', 'fastxtend_prof/stats.py'),
+                                      'fastxtend_prof.stats.halves': ('stats.html#halves', 'fastxtend_prof/stats.py'),
                                       'fastxtend_prof.stats.level': ('stats.html#level', 'fastxtend_prof/stats.py'),
                                       'fastxtend_prof.stats.null_max': ('stats.html#null_max', 'fastxtend_prof/stats.py'),
                                       'fastxtend_prof.stats.paired': ('stats.html#paired', 'fastxtend_prof/stats.py'),

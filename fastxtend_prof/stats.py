@@ -7,7 +7,7 @@ __all__ = ['BLOCK', 'CHANGE', 'CI_LOW', 'CI_HIGH', 'P_VALUE', 'CHANGE_COLS', 'CO
            'MAX_AR', 'MIN_DF', 'MOST_RUNS', 'Estimate', 'block_means', 'estimate', 'student', 'compare', 'between',
            'weights', 'level', 'compare_runs', 'power', 'smallest_change', 'runs_needed', 'Paired', 'walsh_averages',
            'paired', 'chain', 'pairs_needed', 'spread_bound', 'rank_spread', 'pairs_needed_from', 'compare_pairs',
-           'steady', 'scan', 'null_max', 'adjusted_p', 'segment']
+           'steady', 'scan', 'halves', 'null_max', 'adjusted_p', 'segment']
 
 # %% ../nbs/42_stats.ipynb #059f1aee
 import math
@@ -396,14 +396,22 @@ def scan(x, v, min_side:int=2) -> tuple:
     first = np.abs(a[0]) >= np.abs(b[0])
     return (*(np.where(first, p, q) for p, q in zip(a, b)), splits)
 
-def null_max(x, v, draws:int, seed:int=0, min_side:int=2, budget:int=2**22) -> np.ndarray:
-    "draws × steps: each step's largest |z| (`scan`) in series drawn with no change (each run's log mean normal about a common mean, with its own variance plus the between-run variance of `steady`), in chunks of `budget` values, in single precision (three times faster; a p-value needs no more); the same draws for the same runs"
+def halves(n:int, least:int=5) -> list:
+    ("The stretches `(start, end)` of `n` runs a change-point test reads: all of them, then their first half, middle "
+     "half and last half where those hold `least` runs or more (the first level of seeded binary segmentation, Kovács "
+     "et al. 2023): a level that moves for a while and comes back is whole inside one of them")
+    h, q = n//2, n//4
+    return [(0, n)] + [(a, b) for a, b in ((0, h), (q, q + h), (h, n)) if b - a >= least]
+
+def null_max(x, v, draws:int, seed:int=0, min_side:int=2, budget:int=2**22, stretches=None) -> np.ndarray:
+    "draws × steps: each step's largest |z| (`scan`, over each of `stretches` of the runs: all of them where None) in series drawn with no change (each run's log mean normal about a common mean, with its own variance plus the between-run variance of `steady`), in chunks of `budget` values, in single precision (three times faster; a p-value needs no more); the same draws for the same runs"
     rng, sd, v32 = np.random.default_rng(seed), np.sqrt(v + steady(x, v)[..., None]).astype(np.float32), np.asarray(v, np.float32)
     per = max(1, budget//max(1, x.size))
+    stretches = stretches or [(0, x.shape[-1])]
     out = []
     for k in range(0, draws, per):
         sims = rng.standard_normal((min(per, draws - k), *x.shape), dtype=np.float32)*sd
-        out.append(np.abs(scan(sims, v32, min_side)[0]).max(-1).astype(np.float64))
+        out.append(np.max([np.abs(scan(sims[..., a:b], v32[..., a:b], min_side)[0]).max(-1) for a, b in stretches], 0).astype(np.float64))
     return np.concatenate(out)
 
 def adjusted_p(own, perm) -> np.ndarray:

@@ -133,6 +133,17 @@ def test_a_hundred_runs_regression_at_51_and_a_slowdown_after_an_improvement():
     v = gate(h, 10)
     assert v.kind == 'regression' and v.reference == (10, 19), (v, [(c.at, c.step) for c in h.changes])
 
+def test_an_improvement_undone_and_two_slowdowns_fail_the_gate(tmp_path):
+    "Saved runs of a shared machine (7% together, 1% each step), forward 8% of the batch: 20% faster for runs 11-20, then back (a split of all 30 sees 0.8% of the batch, under `MIN_SHARE`); forward 10% slower at run 11 and again at run 16. Both fail `--fail-on-regression 10 --step train/forward`"
+    scale = lambda fwd: [made_up({s: f if s == 'forward' else 1. for s in PARTS}, m, i)
+                         for i, (f, m) in enumerate(zip(fwd, np.random.default_rng(4).lognormal(0, 0.07, len(fwd))))]
+    back = cli('history', folder(tmp_path/'back', scale([1.]*10 + [0.8]*10 + [1.]*10)), '--fail-on-regression', '10', '--step', 'train/forward')
+    said = ' '.join(back.stdout.split())
+    assert back.returncode == 1 and 'before run 11 (c11)' in said and 'before run 21 (c21)' in said, back.stdout + back.stderr
+    assert 'against runs 11 to 20' in said
+    twice = cli('history', folder(tmp_path/'twice', scale([1.]*10 + [1.1]*5 + [1.21]*5)), '--fail-on-regression', '10', '--step', 'train/forward')
+    assert twice.returncode == 1, twice.stdout + twice.stderr
+
 def test_few_runs_are_judged_and_two_runs_agree_with_compare(tmp_path):
     "A 3-run history whose latest run is 2x slower fails the gate (it passed, 'not checked', before); 2 identical runs pass; one run is too few to judge (exit 3); two runs get the same direction and significance from the history's gate and from `compare`"
     slow = saved_series(tmp_path/'slow', synthetic([{}, {}, {s: 2. for s in MS}]))
