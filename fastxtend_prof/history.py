@@ -241,6 +241,7 @@ class Verdict:
     change:dict
     accepted:list # The accepted runs (indices) the reference starts from
     why:str='' # In words: how the reference was found
+    confidence:float=0.98 # Of `change`'s interval: 1 - 2 `alpha`, so that its lower end is the bound the one-sided test reads
     @property
     def failed(self) -> bool: return self.kind == 'regression'
 
@@ -284,7 +285,9 @@ def gate(h, pct:float=0., step:str='train/iteration', accepted=(), confidence:fl
     if phase != str(Phase.TRAIN) or name not in h.series.steps:
         raise ValueError(f"`step` {step!r} is not in the history; it has "
                          f"{', '.join(f'train/{s}' for s in h.series.steps)}")
-    s, j, conf = h.series, h.series.steps.index(name), confidence or h.confidence
+    # the interval at the test's level (its lower end the one-sided bound at `alpha`): wholly past `pct`, the verdict is
+    # a regression, and a pass never stands beside it
+    s, j, conf = h.series, h.series.steps.index(name), confidence or 1 - 2*h.alpha
     n, latest = len(s.runs), len(s.runs) - 1
     acc = sorted(i for i in accepted if 0 <= i <= latest)
     start = acc[-1] if acc else 0
@@ -326,7 +329,7 @@ def gate(h, pct:float=0., step:str='train/iteration', accepted=(), confidence:fl
                          f"{slowed[0][-1] + 1}")
     kind = 'regression' if slower else 'no regression'
     if acc: why.insert(0, f'from the accepted run {start + 1}')
-    return Verdict(kind, step, pct, (ref[0], ref[-1]), ch, acc, '; '.join(why))
+    return Verdict(kind, step, pct, (ref[0], ref[-1]), ch, acc, '; '.join(why), conf)
 
 # %% ../nbs/37_history.ipynb #a38e8aed
 @dataclass
@@ -436,8 +439,8 @@ def verdict_text(h:History, v:Verdict|None) -> str:
     a, b = v.reference
     ref = f'run {a + 1}' if a == b else f'runs {a + 1} to {b + 1}'
     c = v.change
-    said = (f"{v.step.partition('/')[2]} {_pct(c[CHANGE])} ({_pct(c[CI_LOW])} to {_pct(c[CI_HIGH])}), p "
-            f"{c['p slower']:.2g} (one-sided)")
+    said = (f"{v.step.partition('/')[2]} {_pct(c[CHANGE])} ({_pct(c[CI_LOW])} to {_pct(c[CI_HIGH])}, "
+            f"{100*v.confidence:g}% interval), p {c['p slower']:.2g} (one-sided)")
     limit = f' by more than {v.threshold:g}%' if v.threshold else ''
     return (f"Latest run ({n}, {run_name(h.runs[-1])}) against {ref}: {said}: "
             f"{v.kind}{'' if v.kind != 'regression' else limit}") + (f' ({v.why})' if v.why else '') + '.'
