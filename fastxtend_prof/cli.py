@@ -229,8 +229,9 @@ def parser():
                                    'judge the latest run against its reference level: '
                                    'the runs before the earliest slowdown since the last accepted run (--accept), so '
                                    'a regression fails until it is fixed or accepted. '
-                                   'Exit 0, 1 when --fail-on-regression found a regression, 3 when there were too '
-                                   'few runs to judge, 2 with one line on stderr for bad input '
+                                   'Exit 0, 1 when --fail-on-regression found a regression, 3 when the runs could '
+                                   'not tell (too few, or too far apart: it says how many would), 2 with one line '
+                                   'on stderr for bad input '
                                    '(a file that is not a run, an --accept that names no run).')
     h.add_argument('runs', nargs='+', metavar='RUN', help='saved runs (JSON) or folders of them, oldest first')
     h.add_argument('--fail-on-regression', type=_non_negative(float), metavar='PCT',
@@ -245,6 +246,10 @@ def parser():
                         'keeps its decisions beside its code')
     h.add_argument('--alpha', type=_number(float, 1e-12, 'a number in (0, 1)'), default=ALPHA,
                    help=f'significance level of every test (default: {ALPHA})')
+    h.add_argument('--noise', metavar='PATH',
+                   help="a noise record of this machine (fastxtend-prof noise, learn.noise_find(save=...)): the gate "
+                        "reads each run at least as far from its reference's level as the record's trials were apart, "
+                        "so a few runs can be judged")
     h.add_argument('--min-shift', type=_non_negative(float), default=HISTORY_MIN_SHIFT, metavar='PCT',
                    help=f'smallest move of a step, in percent, called a change point (default: {HISTORY_MIN_SHIFT:g})')
     h.add_argument('--min-share', type=_non_negative(float), default=HISTORY_MIN_SHARE, metavar='PCT',
@@ -419,7 +424,7 @@ GATE_EXIT = {'no regression': 0, 'regression': 1, 'not enough runs': 3}
 
 def history_command(a) -> int:
     ("`fastxtend-prof history`: the runs over time, their change points and the latest run's verdict; with "
-     "`--fail-on-regression` 1 on a regression, 3 with too few runs to judge, else 0; 2 with one line on bad input")
+     "`--fail-on-regression` 1 on a regression, 3 where the runs cannot judge it, else 0; 2 with one line on bad input")
     if a.step is not None and a.fail_on_regression is None:
         return _error('history', '--step names the step --fail-on-regression reads: give --fail-on-regression PCT '
                                  f'too (--step {a.step} alone changes nothing)')
@@ -435,7 +440,7 @@ def history_command(a) -> int:
         import json
         from fastxtend_prof.history import accepted_runs, gate, history, history_text, verdict_text
         from fastxtend_prof.summary import history_bmf, history_markdown, history_summary
-        h = history(runs, alpha=a.alpha, min_shift=a.min_shift, min_share=a.min_share)
+        h = history(runs, alpha=a.alpha, min_shift=a.min_shift, min_share=a.min_share, noise=_noise(a))
         accepted, unknown = accepted_runs(h, a.accept)
         if unknown: return _error('history', f"--accept {unknown[0]}: no run of the history has that label or file "
                                              "name")

@@ -18,11 +18,12 @@ from .recorder import DRAW_STEPS, Cols, Phase, Step, TRAIN_PARTS
 from .report import format_duration, format_pct, text_table, text_width
 from .saved import META, SavedProfile, as_profile, load_profiles
 from .stats import BLOCK  # noqa: F401  (read from here too)
-from .stats import (CHANGE, CI_HIGH, CI_LOW, P_VALUE, Estimate, adjusted_p, compare, estimate, halves,
-                                  level, null_max, student, scan as _scan, segment)
+from .stats import (CHANGE, CI_HIGH, CI_LOW, MOST_RUNS, P_VALUE, Estimate, adjusted_p, between, compare,
+                                  estimate, halves, level, null_max, student, scan as _scan, segment)
 from .advice import fill_text
 from .defaults import ALPHA, HISTORY_MIN_SHIFT, HISTORY_MIN_SHARE
 from .compare import COMPARED_SETTINGS
+from .noise import as_noise
 
 # %% ../nbs/37_history.ipynb #623841d7
 # the train steps a history follows: the iteration, then each part in the order a batch runs them
@@ -116,7 +117,8 @@ class Change:
     p:float # The test's p-value: its most significant step's, adjusted for every step tested
     # Per step: its own time's `Change %` with `CI Low %`, `CI High %` and `p-value`, seconds a batch `Before` and how
     # many it `Moved` (with `Moved Low`, `Moved High`); the test's `Against Rest %` (a part's), adjusted `Detection p`
-    # and `Detected`; `Significant`: detected, and moved that way in its own time
+    # and `Detected`; `Significant`: detected, and moved that way in its own time, significantly (what the gate reads);
+    # `Listed`: significant, or its own time moved significantly and enough (what the text and the JSON list)
     table:pd.DataFrame
     step:str # The step that moved: the part whose own change accounts for the iteration's ('iteration' where none does)
 
@@ -212,9 +214,11 @@ def change_points(s:Series, alpha:float=ALPHA, draws:int=DRAWS, confidence:float
         # a step moved where the test says so at this split, and its own time moved that way, by enough of itself (a
         # part against a rest that moved, in its own time still, did not) and of the batch
         table['Detected'] = (ps < alpha) & np.where(part, enough(rest), enough(np.log1p(own/100)))
-        table['Significant'] = (table.Detected & (np.where(part, np.sign(moved) == np.sign(rest), True))
-                                & ((np.abs(own) >= min_shift) | (table[P_VALUE].to_numpy() < alpha))
-                                & (100*np.abs(moved)/table.Before.iloc[0] >= min_share))
+        own_p, batch = table[P_VALUE].to_numpy() < alpha, 100*np.abs(moved)/table.Before.iloc[0] >= min_share
+        table['Significant'] = table.Detected & np.where(part, np.sign(moved) == np.sign(rest), True) & own_p & batch
+        # what the change point says moved: those, and every step whose own time moved significantly and enough (a
+        # slower machine or a bigger model moves them all, against the rest or not)
+        table['Listed'] = table.Significant | (own_p & (np.abs(own) >= min_shift) & batch)
         return Change(at, float(ps[first]), table, _moved(table, s.steps[first], alpha, min_shift, min_share))
     # split on the test alone, then judge each split's size between its neighbours: a shift read across a level that
     # came back is diluted
@@ -245,35 +249,78 @@ class Verdict:
     @property
     def failed(self) -> bool: return self.kind == 'regression'
 
-def _latest_vs(s:Series, j:int, ref:list, i:int, confidence:float, tested:bool=False) -> dict:
+def _predicted(xr, vr, xi:float, vi:float, confidence:float, floor:float=0., floor_df:float=math.inf) -> dict:
+    ("The log mean `xi` (its own variance `vi`) against the level of the runs `xr` (variances `vr`): a prediction from "
+     "them, with the between-run variance (`stats.between`) and the spread beyond it (Knapp and Hartung), or, given a "
+     "noise record's between-trial variance `floor` with its `floor_df` degrees of freedom, the two pooled (at least "
+     "`floor`); and the level's error; Student's t. `compare`'s keys, `df`, and `tau2`, `phi`, `vbar` (the runs' own "
+     "mean variance), `vi` and `d` that `_runs_to_tell` reads")
+    k = len(xr)
+    tau2, df = (float(between(xr, vr)) if k > 1 else 0.), k - 1
+    if floor > 0: tau2, df = max((df*tau2 + floor_df*floor)/(df + floor_df), floor), df + floor_df
+    w = 1/(vr + tau2)
+    sw = float(w.sum())
+    mu = float((w*xr).sum())/sw
+    phi = max(float((w*(xr - mu)**2).sum())/(k - 1), 1.) if k > 1 and not floor > 0 else 1.
+    d, e = xi - mu, math.sqrt(phi*(vi + tau2) + phi/sw)
+    ppf, sf = student(df)
+    q = float(ppf(0.5 + confidence/2))
+    return {CHANGE: 100*math.expm1(d), CI_LOW: 100*math.expm1(d - q*e), CI_HIGH: 100*math.expm1(d + q*e),
+            P_VALUE: float(2*sf(abs(d)/e)), 'p slower': float(sf(d/e)), 'df': float(df), 'tau2': tau2, 'phi': phi,
+            'vbar': float(vr.mean()), 'vi': vi, 'd': d}
+
+def _latest_vs(s:Series, j:int, ref:list, i:int, confidence:float, tested:bool=False, noise=None) -> dict:
     ("Run `i`'s step `j` against the runs `ref`, in its own time (`tested`: as the change points test it, a part "
-     "against the rest of the iteration): their weighted level with the spread between runs (3 runs or more), else the "
-     "runs pooled by their own errors alone, as `compare` reads two runs")
+     "against the rest of the iteration): a prediction from their level with the spread between runs (3 runs or more, "
+     "or a `noise` record, whose between-trial spread is then the least between-run spread of the step's own time), "
+     "else the runs pooled by their own errors alone, as `compare` reads two runs")
     x, v = s.tested() if tested else s.own()
     xr, vr = x[j, ref], v[j, ref]
-    # a prediction from the reference's runs: the latest run's own variance, the between-run variance and the mean's,
-    # Student's t
-    if len(ref) >= 3:
-        mu, se_mu, tau2, phi = level(xr, vr)
-        d, e = x[j, i] - mu, math.sqrt(max(phi, 1.)*(v[j, i] + tau2) + se_mu**2)
-        ppf, sf = student(len(ref) - 1)
-        q = float(ppf(0.5 + confidence/2))
-        return {CHANGE: 100*math.expm1(d), CI_LOW: 100*math.expm1(d - q*e), CI_HIGH: 100*math.expm1(d + q*e),
-                P_VALUE: float(2*sf(abs(d)/e)),
-                'p slower': float(sf(d/e))}
+    floor = noise.between**2 if noise is not None and not (tested and j) else 0.  # (the record times the iteration)
+    if len(ref) >= 3 or floor > 0:
+        return _predicted(xr, vr, float(x[j, i]), float(v[j, i]), confidence, floor,
+                          noise.between_df if floor > 0 else math.inf)
     w = 1/vr
     mu, df = float((w*xr).sum()/w.sum()), (lambda r: float(s.df[r, j]) if s.df is not None else math.inf)
     pooled = Estimate(math.exp(mu), math.exp(mu)*math.sqrt(1/w.sum()), 0, sum(df(r) for r in ref))
     # the log scale's means and errors, as `compare` reads them
     return compare(pooled, Estimate(math.exp(x[j, i]), math.exp(x[j, i])*math.sqrt(v[j, i]), 0, df(i)), confidence)
 
-def _slower(s:Series, j:int, ref:list, i:int, confidence:float, alpha:float, pct:float) -> tuple:
+def _runs_to_tell(t:dict, alpha:float, have:int, past:float=0., most:int=MOST_RUNS) -> int|None:
+    ("The fewest reference runs (more than `have`, up to `most`) with which the latest run's change `t` "
+     "(`_predicted`) is significantly slower than `past`% at `alpha`, the runs spreading as these do; None where none "
+     "is (the change is within the spread between runs) or `t` has no spread between runs")
+    if 'tau2' not in t: return None
+    d = t['d'] - math.log1p(past/100)
+    for k in range(have + 1, most + 1):
+        e = math.sqrt(t['phi']*(t['vi'] + t['tau2']) + t['phi']*(t['vbar'] + t['tau2'])/k)
+        if d > float(student(max(k - 1, t['df']))[0](1 - alpha))*e: return k
+    return None
+
+def _slower(s:Series, j:int, ref:list, i:int, confidence:float, alpha:float, pct:float, noise=None) -> tuple:
     ("`(slower, change)`: whether run `i`'s step `j` is a real slowdown of more than `pct`% against the runs `ref` "
-     "(tested as the change points test it; told, and held to `pct`, in its own time), and its own change with the "
-     "test's p-values")
-    own, test = _latest_vs(s, j, ref, i, confidence), _latest_vs(s, j, ref, i, confidence, tested=True)
-    change = {**own, P_VALUE: test[P_VALUE], 'p slower': test['p slower']}
-    return test['p slower'] < alpha and own[CHANGE] > pct, change
+     "(tested as the change points test it, or in its own time, its interval wholly past `pct`; told, and held to "
+     "`pct`, in its own time), and its own change with the deciding test's p-values")
+    own, test = _latest_vs(s, j, ref, i, confidence, noise=noise), _latest_vs(s, j, ref, i, confidence, True, noise)
+    # a step slower in its own time by more than the gate, whatever the rest did: where the runs' spread is in it
+    by_own = own[CI_LOW] > pct and 'tau2' in own
+    change = {**own, **({} if by_own else {P_VALUE: test[P_VALUE], 'p slower': test['p slower']}), 'tested': test}
+    return (test['p slower'] < alpha or by_own) and own[CHANGE] > pct, change
+
+def _undecided(ch:dict, alpha:float, pct:float, have:int, noise:bool) -> str:
+    ("Why the runs cannot tell whether a change `ch` past `pct`% is a regression, in words; '' where they can (it is "
+     "within the spread between runs, or the runs' own noise alone says no)")
+    more = '' if noise else ' (or a noise record of this machine)'
+    if 'tau2' not in ch:  # pooled by their own errors: the step slower on its batches, while the rest moved with it
+        if not ch[CI_LOW] > pct: return ''
+        return (f"slower by more than {pct:g}% on its own batches, not against the rest of the iteration: the machine "
+                f"or the step; 3 runs before the latest{more} tell them apart")
+    need = [k for k in (_runs_to_tell(ch['tested'], alpha, have), _runs_to_tell(ch, alpha, have, pct)) if k]
+    if not need: return ''
+    off = lambda v: f"{100*math.expm1(math.sqrt(ch['phi']*v)):.1f}%"
+    return (f"a run of the reference is {off(ch['tau2'] + ch['vbar'])} off their level (its own error and the spread "
+            f"between runs), the latest run's own error {off(ch['vi'])}: about {min(need)} runs at that level would "
+            f"tell a change this size{more}")
 
 def gate(h, pct:float=0., step:str='train/iteration', accepted=(), confidence:float|None=None) -> Verdict:
     """The latest run of history `h` against its reference level: the runs from the last accepted run (`accepted`:
@@ -312,13 +359,13 @@ def gate(h, pct:float=0., step:str='train/iteration', accepted=(), confidence:fl
     else:
         for tail in range(min(TAIL, len(ref) - 1), 0, -1):
             base = ref[:-tail]
-            if all(_slower(s, j, base, i, conf, h.alpha, pct)[0] for i in ref[-tail:] + [latest]):
+            if all(_slower(s, j, base, i, conf, h.alpha, pct, h.noise)[0] for i in ref[-tail:] + [latest]):
                 ref = base
                 why.append(f'slower from run {base[-1] + 2} on, each run on its own: judged against the runs before')
                 break
     if not ref: return Verdict('not enough runs', step, pct, None, {}, acc,
                                'no run before the latest to judge it against')
-    slower, ch = _slower(s, j, ref, latest, conf, h.alpha, pct)
+    slower, ch = _slower(s, j, ref, latest, conf, h.alpha, pct, h.noise)
     # a slowdown the change points found: it holds until the latest run is back
     if slowed is not None and slowed[1] > pct and not slower:
         back = _latest_vs(s, j, slowed[0], latest, conf, tested=True)
@@ -328,6 +375,9 @@ def gate(h, pct:float=0., step:str='train/iteration', accepted=(), confidence:fl
         else: why.append(f"the latest run is back: significantly faster than runs {slowed[0][0] + 1} to "
                          f"{slowed[0][-1] + 1}")
     kind = 'regression' if slower else 'no regression'
+    if not slower and slowed is None and ch[CHANGE] > pct:
+        undecided = _undecided(ch, h.alpha, pct, len(ref), h.noise is not None)
+        if undecided: kind = VERDICTS[2]; why.append(undecided)
     if acc: why.insert(0, f'from the accepted run {start + 1}')
     return Verdict(kind, step, pct, (ref[0], ref[-1]), ch, acc, '; '.join(why), conf)
 
@@ -345,6 +395,8 @@ class History:
     notes:list=field(default_factory=list) # What could not be judged, and why
     draws:int=DRAWS # Series drawn under no change for each test
     min_share:float=MIN_SHARE # Percent of the iteration a change moves the batch's time by
+    # A noise record of the machine (`noise.Noise`): the least spread between runs the gate reads; None: the runs' own
+    noise:object=None
     @property
     def runs(self) -> list: return self.series.runs
 
@@ -357,6 +409,9 @@ def history(runs,
             min_shift:float=MIN_SHIFT, # ... and it moves a step by at least this many percent
             min_share:float=MIN_SHARE, # ... and the batch's time by at least this many percent of the iteration
             confidence:float=0.95, # Of the intervals on each change
+            # A noise record (`learn.noise_find`, a `Noise` or its file): the gate reads each run at least as far from the
+            # reference's level as the record's trials were from each other, with its degrees of freedom
+            noise=None,
            ) -> History:
     ("Change points of every train step across `runs` (a folder: its runs oldest first), each with the step that moved "
      "and by how much, and the latest run against its reference level")
@@ -370,7 +425,7 @@ def history(runs,
     draws = max(draws, math.ceil(4*len(s.steps)/alpha))
     changes = change_points(s, alpha, draws, confidence, min_shift, min_share)
     notes = [f'{len(runs)} runs: a change point needs at least {MIN_RUNS}'] if len(runs) < MIN_RUNS else []
-    h = History(s, changes, None, alpha, confidence, min_shift, notes + setting_changes(runs), draws, min_share)
+    h = History(s, changes, None, alpha, confidence, min_shift, notes + setting_changes(runs), draws, min_share, as_noise(noise))
     h.latest = gate(h) if len(runs) > 1 else None
     return h
 
@@ -422,12 +477,15 @@ def _said(name:str, r) -> str:
 
 def change_text(h:History, c:Change) -> str:
     ("One change point in words: where, its p-value, the iteration's change, the step that moved and the other parts "
-     "whose own time changed")
+     "whose own time changed (`Listed`), each with its own interval")
     it, moved = c.table.loc[str(Step.ITERATION)], c.table.loc[c.step]
     parts = [s for s in c.table.index if s != str(Step.ITERATION)]
-    others = [_said(s, c.table.loc[s]) for s in parts if s != c.step and c.table.loc[s, 'Significant']]
+    others = [_said(s, c.table.loc[s]) for s in parts if s != c.step and c.table.loc[s, 'Listed']]
     head = f"before run {c.at + 1} ({run_name(h.runs[c.at])}), p {c.p:.2g}: {_said(str(Step.ITERATION), it)}"
-    named = f"; {_said(c.step, moved)}, the step that moved" if c.step != str(Step.ITERATION) else '; no part alone'
+    # the step that moved with its own interval where its own time moved significantly, else as the test found it
+    alone = (f"{_said(c.step, moved)}, the step that moved" if moved[P_VALUE] < h.alpha else
+             f"{c.step}, the step that moved against the rest of the batch ({_pct(moved['Against Rest %'])})")
+    named = f"; {alone}" if c.step != str(Step.ITERATION) else '; no part alone'
     return head + named + (f"; also {', '.join(others)}" if others else '')
 
 def verdict_text(h:History, v:Verdict|None) -> str:

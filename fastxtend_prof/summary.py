@@ -111,7 +111,7 @@ def run_bmf(run:SavedProfile, confidence:float=0.95) -> dict:
 # %% ../nbs/38_summary.ipynb #ba644e2c
 def _change(s:str, r) -> dict:
     "One step's own change at a change point"
-    return dict(step=s, change_pct=r[CHANGE], ci_low_pct=r[CI_LOW], ci_high_pct=r[CI_HIGH], p_value=r[P_VALUE], significant=bool(r['Significant']),
+    return dict(step=s, change_pct=r[CHANGE], ci_low_pct=r[CI_LOW], ci_high_pct=r[CI_HIGH], p_value=r[P_VALUE], significant=bool(r['Listed']),
                 before_s=r['Before'], moved_s=r['Moved'])
 
 def verdict_summary(h:History, v:Verdict|None) -> dict|None:

@@ -159,6 +159,42 @@ def test_few_runs_are_judged_and_two_runs_agree_with_compare(tmp_path):
         assert np.sign(v.change['Change %']) == np.sign(c['Change %']) and v.change['Change %'] == pytest.approx(c['Change %'])
         assert (v.change['p-value'] < 0.01) == (c['p-value'] < 0.01) and v.change['p-value'] == pytest.approx(c['p-value'])
 
+def _gated(folder:Path, k:int, *args) -> tuple:
+    "`history` on the first k - 1 runs of `folder` and its run 5 (a model 8x wider), gated at 10%: (exit status, the gate's JSON)"
+    runs = [folder/f'r{i}.json' for i in range(1, k)] + [folder/'r5.json']
+    p = cli('history', *runs, '--fail-on-regression', '10', '--format', 'json', *args)
+    return p.returncode, json.loads(p.stdout)['gate'] if p.stdout.startswith('{') else p.stderr
+
+def test_a_slower_model_is_never_passed_as_runs_are_added():
+    """Real fits (tests/data/wide_mlp*: 4 fits of an MLP, then one with hidden layers 8x wider, every step 2-3x slower).
+    On a quiet machine with its noise record (`learn.noise_find` on the same Learner) the gate fails at 2, 3, 4 and 5
+    runs; on a loaded one without a record it fails, or says the runs cannot tell and how many would (exit 3), never
+    'no regression': this series passed at 4 and 5 runs ('+174% (-89% to +6917%, 98% interval), p 0.081')"""
+    quiet = DATA/'wide_mlp'
+    for k in (2, 3, 4, 5):
+        rc, g = _gated(quiet, k, '--noise', quiet/'noise.json')
+        assert rc == 1 and g['verdict'] == 'regression' and g['ci_low_pct'] > 10, (k, g)
+    loaded = [_gated(DATA/'wide_mlp_loaded', k) for k in (2, 3, 4, 5)]
+    assert [rc for rc, _ in loaded] == [1, 1, 3, 3], loaded
+    for rc, g in loaded[2:]:
+        assert g['verdict'] == 'not enough runs' and g['ci_high_pct'] > 10 and re.search(r'about \d+ runs at that level would tell', g['why']), g
+
+def test_a_change_point_lists_each_step_that_moved_with_its_own_interval():
+    "Ten runs of a shared machine, forward, backward and the optimizer step 3x slower from run 7 (a bigger model): the change point lists all three, each with an interval clear of zero, no step whose interval crosses zero, and the text and the JSON list the same steps"
+    rng = np.random.default_rng(1)
+    runs = [made_up({s: rng.lognormal(0, 0.01)*(3. if i >= 6 and s in ('forward', 'backward', 'opt_step') else 1.) for s in PARTS},
+                    rng.lognormal(0, 0.07), i) for i in range(10)]
+    h = history(runs)
+    assert [c.at for c in h.changes] == [6], [c.at for c in h.changes]
+    steps = {s['step']: s for s in history_summary(h)['changes'][0]['steps']}
+    listed = {s for s, r in steps.items() if r['significant'] and s != 'iteration'}
+    assert {'forward', 'backward', 'opt_step'} <= listed, steps
+    text = change_text(h, h.changes[0])
+    for s, r in steps.items():
+        clear = r['ci_low_pct'] > 0 or r['ci_high_pct'] < 0
+        assert clear or not r['significant'], (s, r)                       # no step listed whose interval crosses zero
+        assert (re.search(rf'\b{s} [+−]', text) is not None) == (s in listed or s in ('iteration', h.changes[0].step)), (s, text)
+
 @pytest.mark.parametrize('damage', ['not_json', 'foreign', 'missing_results', 'nested', 'empty_folder', 'missing_file'])
 def test_a_damaged_file_in_a_history_is_one_line(tmp_path, damage):
     "A history with one file that is not a run: one line naming that file, exit 2, no traceback"
