@@ -23,7 +23,7 @@ from .stats import (CHANGE, CI_HIGH, CI_LOW, MOST_RUNS, P_VALUE, Estimate, adjus
 from .advice import fill_text
 from .defaults import ALPHA, HISTORY_MIN_SHIFT, HISTORY_MIN_SHARE
 from .compare import COMPARED_SETTINGS
-from .noise import as_noise
+from .noise import POWER, as_noise
 
 # %% ../nbs/37_history.ipynb #623841d7
 # the train steps a history follows: the iteration, then each part in the order a batch runs them
@@ -246,28 +246,52 @@ class Verdict:
     accepted:list # The accepted runs (indices) the reference starts from
     why:str='' # In words: how the reference was found
     confidence:float=0.98 # Of `change`'s interval: 1 - 2 `alpha`, so that its lower end is the bound the one-sided test reads
+    # The smallest slowdown of `step` (percent) these runs find `POWER` of the time (a run spreading as the reference's
+    # runs do about their level); NaN where the reference has no spread between runs
+    can_see:float=math.nan
     @property
     def failed(self) -> bool: return self.kind == 'regression'
 
+def _level_of(xr, vr, xi, vi, floor:float=0., floor_df:float=math.inf) -> tuple:
+    ("`(d, e, df, tau2, phi)`: the log mean `xi` (its own variance `vi`) less the level of the runs `xr` (variances "
+     "`vr`, runs on the last axis), and the error of that prediction: the between-run variance (`stats.between`) and "
+     "the spread beyond it (Knapp and Hartung), or, given a noise record's between-trial variance `floor` with its "
+     "`floor_df` degrees of freedom, the two pooled (at least `floor`); and the level's error")
+    k = xr.shape[-1]
+    tau2, df = (between(xr, vr) if k > 1 else np.zeros(xr.shape[:-1])), k - 1
+    if floor > 0: tau2, df = np.maximum((df*tau2 + floor_df*floor)/(df + floor_df), floor), df + floor_df
+    w = 1/(vr + tau2[..., None])
+    sw = w.sum(-1)
+    mu = (w*xr).sum(-1)/sw
+    phi = (np.maximum((w*(xr - mu[..., None])**2).sum(-1)/(k - 1), 1.) if k > 1 and not floor > 0
+           else np.ones_like(mu))
+    return xi - mu, np.sqrt(phi*(vi + tau2) + phi/sw), df, tau2, phi
+
 def _predicted(xr, vr, xi:float, vi:float, confidence:float, floor:float=0., floor_df:float=math.inf) -> dict:
-    ("The log mean `xi` (its own variance `vi`) against the level of the runs `xr` (variances `vr`): a prediction from "
-     "them, with the between-run variance (`stats.between`) and the spread beyond it (Knapp and Hartung), or, given a "
-     "noise record's between-trial variance `floor` with its `floor_df` degrees of freedom, the two pooled (at least "
-     "`floor`); and the level's error; Student's t. `compare`'s keys, `df`, and `tau2`, `phi`, `vbar` (the runs' own "
-     "mean variance), `vi` and `d` that `_runs_to_tell` reads")
-    k = len(xr)
-    tau2, df = (float(between(xr, vr)) if k > 1 else 0.), k - 1
-    if floor > 0: tau2, df = max((df*tau2 + floor_df*floor)/(df + floor_df), floor), df + floor_df
-    w = 1/(vr + tau2)
-    sw = float(w.sum())
-    mu = float((w*xr).sum())/sw
-    phi = max(float((w*(xr - mu)**2).sum())/(k - 1), 1.) if k > 1 and not floor > 0 else 1.
-    d, e = xi - mu, math.sqrt(phi*(vi + tau2) + phi/sw)
+    ("The log mean `xi` (its own variance `vi`) against the level of the runs `xr` (variances `vr`): `_level_of`, "
+     "Student's t. `compare`'s keys, `df`, and `tau2`, `phi`, `vbar` (the runs' own mean variance), `vi`, `d`, `e` "
+     "and what `_can_see` draws from")
+    d, e, df, tau2, phi = (float(y) if np.ndim(y) == 0 else y for y in _level_of(xr, vr, xi, vi, floor, floor_df))
     ppf, sf = student(df)
     q = float(ppf(0.5 + confidence/2))
     return {CHANGE: 100*math.expm1(d), CI_LOW: 100*math.expm1(d - q*e), CI_HIGH: 100*math.expm1(d + q*e),
             P_VALUE: float(2*sf(abs(d)/e)), 'p slower': float(sf(d/e)), 'df': float(df), 'tau2': tau2, 'phi': phi,
-            'vbar': float(vr.mean()), 'vi': vi, 'd': d}
+            'vbar': float(vr.mean()), 'vi': vi, 'd': d, 'e': e, 'model': (vr, floor, floor_df)}
+
+def _can_see(t:dict, alpha:float, want:float=POWER, draws:int=2000, seed:int=0) -> float:
+    ("The smallest slowdown (percent) the one-sided test of `t` (`_predicted`) at `alpha` finds `want` of the time: "
+     "runs drawn as the reference's spread (their own errors and the between-run variance that, with the spread beyond "
+     "it, they showed), each judged as the gate judges; NaN where `t` has no spread between runs")
+    if 'model' not in t: return math.nan
+    vr, floor, floor_df = t['model']
+    b2 = max(t['phi']*(t['tau2'] + t['vbar']) - t['vbar'], floor, 0.)  # the between-run variance the runs showed
+    rng = np.random.default_rng(seed)
+    xr = rng.standard_normal((draws, len(vr)))*np.sqrt(vr + b2)
+    xi = rng.standard_normal(draws)*math.sqrt(t['vi'] + b2)
+    d, e, df, _, _ = _level_of(xr, vr, xi, t['vi'], floor, floor_df)
+    q = float(student(df)[0](1 - alpha))
+    # found where (d + shift)/e > q: the `want` quantile of q e - d over the draws
+    return 100*math.expm1(max(float(np.quantile(q*e - d, want)), 0.))
 
 def _latest_vs(s:Series, j:int, ref:list, i:int, confidence:float, tested:bool=False, noise=None) -> dict:
     ("Run `i`'s step `j` against the runs `ref`, in its own time (`tested`: as the change points test it, a part "
@@ -379,7 +403,9 @@ def gate(h, pct:float=0., step:str='train/iteration', accepted=(), confidence:fl
         undecided = _undecided(ch, h.alpha, pct, len(ref), h.noise is not None)
         if undecided: kind = VERDICTS[2]; why.append(undecided)
     if acc: why.insert(0, f'from the accepted run {start + 1}')
-    return Verdict(kind, step, pct, (ref[0], ref[-1]), ch, acc, '; '.join(why), conf)
+    see = [_can_see(t, h.alpha) for t in (ch, ch['tested'])]
+    return Verdict(kind, step, pct, (ref[0], ref[-1]), ch, acc, '; '.join(why), conf,
+                   float(np.nanmin(see)) if not np.isnan(see).all() else math.nan)
 
 # %% ../nbs/37_history.ipynb #a38e8aed
 @dataclass
@@ -500,8 +526,10 @@ def verdict_text(h:History, v:Verdict|None) -> str:
     said = (f"{v.step.partition('/')[2]} {_pct(c[CHANGE])} ({_pct(c[CI_LOW])} to {_pct(c[CI_HIGH])}, "
             f"{100*v.confidence:g}% interval), p {c['p slower']:.2g} (one-sided)")
     limit = f' by more than {v.threshold:g}%' if v.threshold else ''
+    see = (f' These runs can see a slowdown of {v.step.partition("/")[2]} by {v.can_see:.0f}% or more ({POWER:.0%} of '
+           'the time).') if v.can_see == v.can_see else ''
     return (f"Latest run ({n}, {run_name(h.runs[-1])}) against {ref}: {said}: "
-            f"{v.kind}{'' if v.kind != 'regression' else limit}") + (f' ({v.why})' if v.why else '') + '.'
+            f"{v.kind}{'' if v.kind != 'regression' else limit}") + (f' ({v.why})' if v.why else '') + '.' + see
 
 def latest_text(h:History, step:str=str(Step.ITERATION)) -> str:
     "The latest run's verdict on `step` against its reference level, at 0%"

@@ -119,7 +119,8 @@ def verdict_summary(h:History, v:Verdict|None) -> dict|None:
     if v is None: return None
     c, ref = v.change, None if v.reference is None else dict(first=v.reference[0] + 1, last=v.reference[1] + 1, runs=v.reference[1] - v.reference[0] + 1)
     return dict(verdict=v.kind, step=v.step, threshold_pct=v.threshold, failed=v.failed, reference=ref, change_pct=c.get(CHANGE), ci_low_pct=c.get(CI_LOW),
-                ci_high_pct=c.get(CI_HIGH), confidence=v.confidence, p_slower=c.get('p slower'), accepted=[run_name(h.runs[i]) for i in v.accepted], why=v.why)
+                ci_high_pct=c.get(CI_HIGH), confidence=v.confidence, p_slower=c.get('p slower'),
+                can_see_pct=v.can_see, accepted=[run_name(h.runs[i]) for i in v.accepted], why=v.why)
 
 def history_summary(h:History, gate:Verdict|None=None) -> dict:
     "`h` as a JSON summary of format `SUMMARY_FORMAT`; `gate`: the verdict the command gated on (`history.gate`), where it did"
