@@ -436,11 +436,13 @@ def history_command(a) -> int:
         page = _output(a.html, '--html', 'history.html') if a.html else None
         from_file = _accept_file(a.accept_file) if a.accept_file else []
         from fastxtend_prof.saved import load_profiles  # every file read and checked first: pandas and numpy only
-        runs = load_profiles(a.runs)
+        other = []  # the package's other files in the folders: summaries, noise records
+        runs = load_profiles(a.runs, other)
         import json
-        from fastxtend_prof.history import accepted_runs, gate, history, history_text, verdict_text
+        from fastxtend_prof.history import accepted_runs, gate, history, history_text, passed_over, verdict_text
         from fastxtend_prof.summary import history_bmf, history_markdown, history_summary
         h = history(runs, alpha=a.alpha, min_shift=a.min_shift, min_share=a.min_share, noise=_noise(a))
+        if other: h.notes.append(passed_over(other))
         accepted, unknown = accepted_runs(h, a.accept)
         if unknown: return _error('history', f"--accept {unknown[0]}: no run of the history has that label or file "
                                              "name")

@@ -5,7 +5,7 @@
 # %% auto #0
 __all__ = ['HISTORY_STEPS', 'LEAVES', 'DRAWS', 'MIN_SIDE', 'MIN_RUNS', 'HALF_RUNS', 'MIN_SHIFT', 'MIN_SHARE', 'TAIL', 'VERDICTS',
            'step_estimate', 'run_name', 'Series', 'series_of', 'scan', 'null_draws', 'Change', 'own_changes',
-           'change_points', 'Verdict', 'gate', 'History', 'history', 'setting_changes', 'accepted_runs',
+           'change_points', 'Verdict', 'gate', 'History', 'history', 'passed_over', 'setting_changes', 'accepted_runs',
            'history_table', 'change_text', 'verdict_text', 'latest_text', 'history_text', 'regressed', 'history_figure',
            'history_page']
 
@@ -441,8 +441,9 @@ def history(runs,
            ) -> History:
     ("Change points of every train step across `runs` (a folder: its runs oldest first), each with the step that moved "
      "and by how much, and the latest run against its reference level")
+    other = []
     runs = [r for i, x in enumerate(runs)
-            for r in (load_profiles([x]) if isinstance(x, (str, os.PathLike)) else [as_profile(x, f'run {i + 1}')])]
+            for r in (load_profiles([x], other) if isinstance(x, (str, os.PathLike)) else [as_profile(x, f'run {i + 1}')])]
     if not runs: raise ValueError('a history needs at least 1 run, got none')
     s = series_of(runs)
     if not s.steps: raise ValueError('no train step was timed batch by batch in every run (files of format 1, or '
@@ -451,9 +452,15 @@ def history(runs,
     draws = max(draws, math.ceil(4*len(s.steps)/alpha))
     changes = change_points(s, alpha, draws, confidence, min_shift, min_share)
     notes = [f'{len(runs)} runs: a change point needs at least {MIN_RUNS}'] if len(runs) < MIN_RUNS else []
+    notes += [passed_over(other)] if other else []
     h = History(s, changes, None, alpha, confidence, min_shift, notes + setting_changes(runs), draws, min_share, as_noise(noise))
     h.latest = gate(h) if len(runs) > 1 else None
     return h
+
+def passed_over(other:list) -> str:
+    "The note on the files of this package in a history's folders that are not runs (`saved.load_profiles`' `skipped`)"
+    return (f"passed over {len(other)} file{'s' if len(other) > 1 else ''} of this package that "
+            f"{'are' if len(other) > 1 else 'is'} not a run: {', '.join(other[:3])}{', ...' if len(other) > 3 else ''}")
 
 def setting_changes(runs:list) -> list:
     ("Where a setting that makes runs incomparable changes along `runs` (batch size, device, timing mode, warmup, "

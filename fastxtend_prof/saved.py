@@ -9,7 +9,7 @@ __all__ = ['FORMAT', 'VERSION', 'JSON_FORMAT', 'RESULT_COLS', 'KEY_COLS', 'PHASE
            'as_profile', 'output_path', 'check_writable', 'atomic_write_text', 'encode_distributions', 'result_rows',
            'result_value', 'jsonable', 'table_doc', 'profile_doc', 'save_profile', 'ProfileFileError', 'read_doc',
            'migrate', 'metadata_record', 'metadata_schema', 'register_metadata', 'metadata_check', 'Checker',
-           'profile_from_doc', 'load_profile', 'load_json', 'load_profiles', 'read_runs']
+           'profile_from_doc', 'load_profile', 'load_json', 'other_file', 'load_profiles', 'read_runs']
 
 # %% ../nbs/36_saved.ipynb #dbeb7b3a
 import base64, binascii, importlib, json, math, os, stat, tempfile
@@ -463,15 +463,27 @@ def load_json(path) -> tuple:
     run = load_profile(path)
     return run.results, run.metadata
 
-def load_profiles(paths) -> list:
-    "The runs saved at `paths`, in order: each file where it is given; a folder's `*.json` files oldest first (their run's `timestamp`, then their name)"
+def other_file(doc) -> str:
+    "The format of `doc` where it is a file of this package that is not a run (a summary, a noise record, a `speed_find` result), else ''"
+    fmt = doc.get('format') if isinstance(doc, dict) else None
+    return fmt if isinstance(fmt, str) and fmt.startswith('fastxtend_prof.') and not fmt.startswith(FORMAT + '/') else ''
+
+def load_profiles(paths,
+                  skipped:list|None=None, # Where given, each file of a folder passed over (`other_file`) is added to it: `name (format)`
+                 ) -> list:
+    "The runs saved at `paths`, in order: each file where it is given; a folder's `*.json` files oldest first (their run's `timestamp`, then their name), passing over the package's files that are not runs (a summary written beside them, a noise record); any other file that is not a run is a `ProfileFileError`"
     out = []
     for p in map(Path, paths):
         if not p.is_dir():
             out.append(load_profile(p))
             continue
-        found = [load_profile(f) for f in sorted(p.glob('*.json'))]
-        if not found: raise ProfileFileError(repr(str(p)), '', 'is a folder without run files (*.json)')
+        found, other = [], []
+        for f in sorted(p.glob('*.json')):
+            doc = read_doc(f)
+            if other_file(doc): other.append(f'{f.name} ({other_file(doc)})')
+            else: found.append(profile_from_doc(doc, repr(str(f))))
+        if skipped is not None: skipped += other
+        if not found: raise ProfileFileError(repr(str(p)), '', 'is a folder without run files (*.json)' + (f': only {", ".join(other)}' if other else ''))
         out += sorted(found, key=lambda r: (str(r.metadata.get('timestamp') or ''), r.source))
     return out
 

@@ -208,6 +208,23 @@ def test_what_the_history_can_see_is_found_that_often():
     h = history(runs(0), draws=200)
     assert f'can see a slowdown of iteration by {h.latest.can_see:.0f}% or more (80% of the time)' in ' '.join(verdict_text(h, h.latest).split())
 
+def test_a_history_passes_over_its_own_summary_and_a_noise_record_in_its_folder(tmp_path):
+    "`history runs/ --format json -o runs/summary.json`, then `history runs/` again (it exited 2 on the summary's format), with a noise record beside the runs: both passed over with a note, the runs judged as before; a folder of them alone is still one line, exit 2"
+    runs = folder(tmp_path/'runs', series(6))
+    first = cli('history', runs, '--format', 'json', '-o', runs/'summary.json')
+    assert first.returncode == 0, first.stderr
+    (runs/'noise.json').write_text((DATA/'wide_mlp'/'noise.json').read_text())
+    again = cli('history', runs, '--format', 'json')
+    assert again.returncode == 0, again.stderr
+    doc = json.loads(again.stdout)
+    assert len(doc['runs']) == 6 and doc['runs'] == json.loads((runs/'summary.json').read_text())['runs']
+    assert any(n.startswith('passed over 2 files of this package that are not a run: noise.json (fastxtend_prof.noise/1), summary.json (fastxtend_prof.summary/') for n in doc['notes']), doc['notes']
+    assert 'passed over 2 files' in ' '.join(cli('history', runs).stdout.split())
+    assert any(n.startswith('passed over 2 files') for n in history([runs]).notes)
+    only = tmp_path/'only'; only.mkdir(); (only/'summary.json').write_text((runs/'summary.json').read_text())
+    bad = cli('history', only)
+    assert bad.returncode == 2 and len(bad.stderr.splitlines()) == 1 and 'only summary.json' in bad.stderr, bad.stderr
+
 @pytest.mark.parametrize('damage', ['not_json', 'foreign', 'missing_results', 'nested', 'empty_folder', 'missing_file'])
 def test_a_damaged_file_in_a_history_is_one_line(tmp_path, damage):
     "A history with one file that is not a run: one line naming that file, exit 2, no traceback"
