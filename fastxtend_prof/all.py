@@ -21,9 +21,10 @@ from .recorder import Relay
 from .features import Feature, register_feature
 from .loggers import Logger, register_logger
 from .compare import compare_profiles, show_comparison, plot_comparison
-from .tune import SpeedResult  # and `Learner.speed_find`
+from .tune import SpeedResult, load_speed  # and `Learner.speed_find`
 from . import noise_find as _noise_find  # noqa: F401  (adds `Learner.noise_find`)
 __all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'ProfileResult', 'ProfileMode', 'format_report', 'show_report',
            'report_text', 'format_duration', 'save_results', 'load_json', 'plot_profile', 'plot_timeline', 'timeline_frame',
            'Advice', 'advise', 'show_advice', 'RULES', 'what_if', 'measure_peak', 'Logger', 'register_logger', 'Relay', 'Feature',
-           'register_feature', 'compare_profiles', 'show_comparison', 'plot_comparison', 'load_profile', 'save_profile', 'SpeedResult']
+           'register_feature', 'compare_profiles', 'show_comparison', 'plot_comparison', 'load_profile', 'save_profile', 'SpeedResult',
+           'load_speed']
