@@ -52,7 +52,17 @@ class _OneLineErrors(argparse.ArgumentParser):
     ("A parser whose bad options cost one line on stderr (and exit 2), without the usage block: the command's and each "
      "subcommand's; an option is taken only whole (`--epoch` is not `--epochs`)")
     def __init__(self, *args, **kwargs): super().__init__(*args, **{'allow_abbrev': False, **kwargs})
-    def error(self, message): self.exit(2, f'{self.prog}: error: {message}\n')
+    def error(self, message):
+        # a mistyped command or choice (`histroy`, `--device cdua`): the closest one named, as for a mistyped option
+        import re
+        m = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)$", message)
+        if m: message += _did_you_mean(m[1], [w.strip(" '") for w in m[2].split(',')])
+        self.exit(2, f'{self.prog}: error: {message}\n')
+
+def _did_you_mean(word:str, known:list) -> str:
+    "' (did you mean X?)' with X the closest of `known` to `word`; '' where none is close"
+    import difflib
+    return next((f' (did you mean {m}?)' for m in difflib.get_close_matches(word, known, n=1)), '')
 
 def _options_of(p:argparse.ArgumentParser) -> list:
     "The option strings parser `p` takes (`--epochs`, `-o`)"
@@ -60,9 +70,7 @@ def _options_of(p:argparse.ArgumentParser) -> list:
 
 def _unrecognized(words:list, known:list) -> str:
     "The error for unrecognized `words`: each option among them with the closest of `known`"
-    import difflib
-    hint = lambda w: next((f' (did you mean {m}?)' for m in difflib.get_close_matches(w.split('=')[0], known, n=1)),
-                          '') if w.startswith('-') else ''
+    hint = lambda w: _did_you_mean(w.split('=')[0], known) if w.startswith('-') else ''
     return 'unrecognized arguments: ' + ' '.join(w + hint(w) for w in words)
 
 RUN_HELP = 'profile every fit of a fastai script, unchanged: run SCRIPT [args...] or run -m MODULE [args...]'
@@ -363,9 +371,18 @@ def _outputs(a) -> dict:
             ('save_json', '--save-json', 'simple_profile.json'), ('html', '--html', 'simple_profile.html'))
     return {key: _output(getattr(a, key), opt, default) for key, opt, default in opts if getattr(a, key)}
 
+def _reader_gone():
+    "Stdout's reader closed the pipe (`| head`): the rest of the output goes nowhere, quietly, as a Unix tool's does"
+    import os
+    try: os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    except (OSError, ValueError): pass  # stdout is not a file (a test's capture)
+
 def _emit(text:str, path, what:str):
     "`text` printed, or written to `path` (its folders made) with a line saying so"
-    if path is None: return print(text, end='' if text.endswith('\n') else '\n')
+    if path is None:
+        try: print(text, end='' if text.endswith('\n') else '\n', flush=True)
+        except BrokenPipeError: _reader_gone()  # the verdict stands: the exit status is still the command's
+        return
     from fastxtend_prof.saved import atomic_write_text
     atomic_write_text(path, text if text.endswith('\n') else text + '\n')
     print(f'Saved: {what} {path}')
@@ -541,7 +558,10 @@ def main(argv=None):
         # costs one line of stderr. Filtered while a command runs, not for the process: importing this module changes
         # nothing
         warnings.filterwarnings('ignore', message=r'`torch\.jit\.script` is deprecated', category=FutureWarning)
-        return _command(argv)
+        try: return _command(argv)
+        except BrokenPipeError:  # (`guide | head`): no traceback for a reader that had enough
+            _reader_gone()
+            return 1
 
 def _command(argv:list) -> int:
     "Parse `argv` (all but `run`) and run its command"

@@ -192,6 +192,30 @@ def test_a_mistyped_option_is_named_with_the_closest_one(argv, said, capsys):
     err = capsys.readouterr().err
     assert err.count('\n') == 1 and said in err, err
 
+@pytest.mark.parametrize('argv, said', [
+    (['histroy', 'runs/'], "invalid choice: 'histroy' (choose from 'demo', 'compare', 'tune', 'noise', 'report', 'history', 'guide', 'run') (did you mean history?)"),
+    (['demo', '--device', 'cdua'], "argument --device: invalid choice: 'cdua' (choose from 'auto', 'cpu', 'cuda') (did you mean cuda?)")])
+def test_a_mistyped_command_or_choice_is_named_with_the_closest_one(argv, said, capsys):
+    "A mistyped command (or a choice of an option) gets the closest one, as a mistyped option does: one line, exit 2"
+    from fastxtend_prof.cli import main
+    with pytest.raises(SystemExit) as e: main(argv)
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count('\n') == 1 and said in err, err
+
+@pytest.mark.parametrize('argv', [['history', 'tests/data/wide_mlp', '--fail-on-regression', '10'], ['guide'],
+                                  ['compare', 'tests/data/wide_mlp/r1.json', 'tests/data/wide_mlp/r5.json']])
+def test_a_reader_that_closes_the_pipe_costs_no_traceback(argv):
+    """`fastxtend-prof history runs/ | head -1`: a reader that had enough closes the pipe; no traceback, and a command's
+    verdict keeps its exit status (a gate's 1 is not lost to the pipe; was a BrokenPipeError's traceback and 1 for all)"""
+    root = Path(__file__).parents[1]
+    whole = subprocess.run([sys.executable, '-m', 'fastxtend_prof', *argv], capture_output=True, text=True, timeout=120, cwd=root)
+    p = subprocess.Popen([sys.executable, '-m', 'fastxtend_prof', *argv], stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=root)
+    p.stdout.close()  # before the interpreter has started: its first write meets a closed pipe
+    err = p.stderr.read().decode()
+    # a command's verdict (`_emit`) keeps its status; what else met the closed pipe (the guide) exits 1, as Python's own advice has it
+    assert p.wait(timeout=120) == (1 if argv[0] == 'guide' else whole.returncode) and err == '', (p.returncode, err[-2000:])
+    assert whole.returncode == (1 if argv[0] == 'history' else 0) and whole.stdout, whole.stderr[-2000:]
+
 @pytest.mark.parametrize('cores, workers, omp, want', [(2, 2, None, 1), (4, 2, None, 2), (8, 0, None, 8), (2, 2, '3', 'as it was')])
 def test_the_demo_leaves_its_loader_workers_their_cores(monkeypatch, cores, workers, omp, want):
     """On a CPU the demo runs torch on the cores its loader workers leave (at least one): with torch's default threads
