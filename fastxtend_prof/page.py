@@ -20,8 +20,8 @@ from .compare import compare_profiles, format_comparison, comparison_verdict
 MAX_POINTS = 4000  # a timeline's points per step at most: longer ones keep each bucket's shortest and longest batch
 PANELS = ('overview', 'table', 'timelines', 'distributions', 'features', 'ranks', 'comparison', 'metadata')
 TIMELINE_STEPS = (Step.ITERATION, Step.DRAW, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER)
-STACKS = {Phase.TRAIN: (Step.DRAW, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER, Step.WARMUP),
-          Phase.VALID: (Step.DRAW, Step.PREDICT, Step.LOSS, Step.OTHER, Step.WARMUP)}
+STACKS = {Phase.TRAIN: (Step.DRAW, Step.FORWARD, Step.LOSS, Step.BACKWARD, Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER, Step.LAST_DRAW, Step.WARMUP),
+          Phase.VALID: (Step.DRAW, Step.PREDICT, Step.LOSS, Step.OTHER, Step.LAST_DRAW, Step.WARMUP)}
 
 def esc(x) -> str:
     "`x` as text that a page (and plotly's labels, which read a few tags) shows as it is and never runs"

@@ -90,20 +90,20 @@ def timeline_frame(rec:TimingRecorder, # The recorder of a profiled fit: `learn.
 # %% ../nbs/07_plots.ipynb #099f2d07
 BETWEEN = 'between steps'
 def _phase_segments(steps) -> tuple:
-    "The draw, the batch's steps among `steps`, what runs between them, other and warmup: names in the order a batch runs them"
-    return (str(Step.DRAW), *(str(s) for s in SUB_STEPS if s in steps), BETWEEN, str(Step.OTHER), str(Step.WARMUP))
+    "The draw, the batch's steps among `steps`, what runs between them, other, the loop's last draw and warmup: names in the order they run"
+    return (str(Step.DRAW), *(str(s) for s in SUB_STEPS if s in steps), BETWEEN, str(Step.OTHER), str(Step.LAST_DRAW), str(Step.WARMUP))
 
 SEGMENTS = {Phase.TRAIN: _phase_segments(TRAIN_STEPS), Phase.VALID: _phase_segments(VALID_STEPS)}
 DRAW_PARTS = tuple(map(str, DRAW_STEPS))  # a split draw's segments, in place of `draw`
 SEGMENT_COLORS = {Step.DRAW: '#4c72b0', Step.WAIT: '#4c72b0', Step.TRANSFER: '#64b5cd', Step.TRANSFORMS: '#a6bddb', Step.FORWARD: '#dd8452',
                   Step.PREDICT: '#e5c02a', Step.LOSS: '#55a868', Step.BACKWARD: '#c44e52', Step.OPT_STEP: '#8172b3', Step.ZERO_GRAD: '#937860',
-                  BETWEEN: '#da8bc3', Step.OTHER: '#8c8c8c', Step.WARMUP: '#d9d9d9', Step.TRACE: '#ccb974'}
+                  BETWEEN: '#da8bc3', Step.OTHER: '#8c8c8c', Step.LAST_DRAW: '#2f4b7c', Step.WARMUP: '#d9d9d9', Step.TRACE: '#ccb974'}
 HATCHES = {Step.WARMUP: '//', Step.TRACE: 'xx'}  # whole batches set apart from the statistics
 LEGEND_MIN_SHARE = 0.01  # `plot_profile`: a segment under this share of every bar is too thin to see; the legend leaves it out, its note names it
 
 def segment_names(times:dict, phase) -> list:
-    "The segments of `phase` given the steps in `times`: `SEGMENTS`, the draw's parts in place of `draw` when it was split, `trace` when it ran"
-    segs = list(SEGMENTS[Phase(phase)]) + ([str(Step.TRACE)] if Step.TRACE in times else [])  # a trace window's batches, when it ran
+    "The segments of `phase` given the steps in `times`: `SEGMENTS`, the draw's parts in place of `draw` when it was split, `last_draw` and `trace` when they were seen"
+    segs = [s for s in SEGMENTS[Phase(phase)] if s != Step.LAST_DRAW or s in times] + ([str(Step.TRACE)] if Step.TRACE in times else [])
     if Step.WAIT in times:  # the draw was split: its parts add up to it
         i = segs.index(Step.DRAW)
         segs[i:i+1] = [s for s in DRAW_PARTS if s in times]

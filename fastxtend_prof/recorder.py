@@ -31,6 +31,7 @@ class Step(str, Enum):
     "Every row name a profile can hold"
     FIT='fit'; EPOCH='epoch'; TRAIN='train'; VALID='valid'; LOOP='loop'; ITERATION='iteration'
     DRAW='draw'; BATCH='batch'; OTHER='other'; WARMUP='warmup'; TRACE='trace'
+    LAST_DRAW='last_draw'  # each loop's last draw, the one that finds the loader empty: the loader's work on items it then drops
     WAIT='wait'; TRANSFER='transfer'; TRANSFORMS='transforms'
     FORWARD='forward'; PREDICT='predict'; LOSS='loss'; BACKWARD='backward'; OPT_STEP='opt_step'; ZERO_GRAD='zero_grad'
     COMM_WAIT='comm_wait'  # inside backward, on a data-parallel rank: waiting for the other ranks at the gradient all-reduce
@@ -52,12 +53,12 @@ DRAW_STEPS = (Step.WAIT, Step.TRANSFER, Step.TRANSFORMS)  # inside `draw`: they 
 STEP_SLOTS = {Step.ITERATION: (BEFORE_DRAW, NEXT_DRAW), Step.DRAW: (BEFORE_DRAW, BEFORE_BATCH), Step.WAIT: (BEFORE_DRAW, AFTER_LOAD),
               Step.TRANSFORMS: (BEFORE_TFMS, AFTER_TFMS), Step.BATCH: (BEFORE_BATCH, POST_AFTER_BATCH),
               **{s: v[:2] for s, v in SUB_STEPS.items()}, Step.OTHER: (POST_AFTER_BATCH, NEXT_DRAW)}  # each step's first and last slot; `transfer` is the rest of the draw
-TOP_STEPS = (Step.DRAW, Step.BATCH, Step.OTHER, Step.WARMUP, Step.TRACE)
+TOP_STEPS = (Step.DRAW, Step.BATCH, Step.OTHER, Step.LAST_DRAW, Step.WARMUP, Step.TRACE)  # they partition the phase's time
 APART = (Step.WARMUP, Step.TRACE)  # rows that hold whole batches kept out of the per-step statistics
 SPANS = (Step.FIT, Step.EPOCH, Step.TRAIN, Step.VALID)
 LOOP_STEPS = (Step.ITERATION,)  # a whole turn of the loop: a summary of the phase's rows, not one of its parts
 THROUGHPUT_STEPS = SPANS + (Step.ITERATION, Step.DRAW, Step.BATCH)  # the rows whose samples/second mean something
-ITERATION_STEPS = tuple(s for s in TOP_STEPS if s not in APART)  # draw, batch, other: a steady iteration is their sum
+ITERATION_STEPS = (Step.DRAW, Step.BATCH, Step.OTHER)  # a steady iteration is their sum
 TRAIN_PARTS = (Step.DRAW, *(s for s in SUB_STEPS if s in TRAIN_STEPS), Step.OTHER)  # draw, the train batch's steps, other, in the order they run
 
 # %% ../nbs/00_recorder.ipynb #d61fba80
@@ -81,7 +82,10 @@ class BatchTable:
     def run_rows(self):
         "Each run as `(first, end, t_start, t_end)`: its rows are `first:end` (global indices; empty if it yielded no batch)"
         ends = [r[0] for r in self.runs[1:]] + [self.n]
-        return [(first, end, t0, t1) for (first, t0, t1), end in zip(self.runs, ends)]
+        return [(r[0], end, r[1], r[2]) for r, end in zip(self.runs, ends)]
+    def last_draws(self) -> np.ndarray:
+        "Seconds of each run's last draw, the one that found the loader empty, where the loop marked it (`before_draw`)"
+        return np.asarray([r[3] for r in self.runs if len(r) > 3], dtype=np.float64)
     def positions(self, rows):
         "`(run, iter)` of the global row indices `rows`: the run (epoch's loop) each belongs to and its place in that run"
         rows, first = np.asarray(rows), np.array([r[0] for r in self.runs])
@@ -203,7 +207,10 @@ class TimingRecorder:
         "End the current loop: close its last batch at `t` and record the phase's span"
         if self._phase is None: return
         if t is None: t = self.clock()
-        if self._row_open: self._close_row(t)
+        d, self._draw_t = self._draw_t, _NAN
+        if self._row_open:  # the last batch's `other` ends where the loop's last draw began; that draw is the run's own
+            self._close_row(t if d != d else d)
+            if d == d: self._table.runs[-1].append(t - d)
         self._table.runs[-1][2] = t
         self.spans[Step(self._phase.value)].append(t - self._open.pop(Step(self._phase.value)))
         self._phase, self._table = None, None
@@ -463,8 +470,23 @@ def empty_runs(table:BatchTable) -> np.ndarray:
     "Durations of the runs (loops) of `table` that yielded no batch: all their time is `other`"
     return np.asarray([t1 - t0 for first, end, t0, t1 in table.run_rows() if first >= end and is_set(t1)], dtype=np.float64)
 
+def _with_last_draw(st:dict, table:BatchTable) -> dict:
+    "`st` with the `last_draw` row after `other`, one call a loop whose last draw was seen; `st` as it was if none was"
+    last = table.last_draws()
+    if not len(last): return st
+    out = {}
+    for s, v in st.items():
+        out[s] = v
+        if s is Step.OTHER: out[Step.LAST_DRAW] = stats(last, np.zeros(len(last)))
+    return out
+
 def _phase_stats(table:BatchTable, warmup:int, keep_raw:bool, samples_per_second:bool):
     "`({step: stats}, samples)` for one phase's table; a loop that ran no batch counts as one call of `other`"
+    st, n = _step_stats(table, warmup, keep_raw, samples_per_second)
+    return _with_last_draw(st, table), n
+
+def _step_stats(table:BatchTable, warmup:int, keep_raw:bool, samples_per_second:bool):
+    "`({step: stats}, samples)` of `table`'s steps"
     empty = empty_runs(table)
     if keep_raw:
         ivs = phase_intervals(table, warmup, table.steps)
@@ -615,8 +637,11 @@ class EventRecorder(TimingRecorder):
     def end_phase(self, t:float|None=None, ev=None):
         if self._phase is None: return
         ev = self._record() if ev is None else ev
-        self._end_ev, phase = ev, self._phase
+        d, phase = self._draw_ev, self._phase
+        last = d is not None and self._row_open  # the loop's last draw, seen: the last row ends where it began
+        self._end_ev, self._draw_ev = d if last else ev, None
         super().end_phase(t)
+        if last: self._pending.append(('last_draw', phase, d, ev))
         self._pending.append(('span', Step(phase.value), self._run_ev, ev))
         self._pending.append(('run_end', phase, None, ev))
         self.resolve(block=True)
@@ -680,6 +705,7 @@ class EventRecorder(TimingRecorder):
             if kind == 'span': self.device_spans[key].append(el(a, b))
             elif kind == 'run': self.device[key].runs.append([a, el(org, b), _NAN])  # rows mirror the host's, so the first index is the same
             elif kind == 'run_end': self.device[key].runs[-1][2] = el(org, b)
+            elif kind == 'last_draw': self.device[key].runs[-1].append(el(a, b))
             else:
                 d, prev = a[BEFORE_DRAW], chain.get(key)
                 t = prev[1] if prev is not None and prev[0] is d else el(org, d)  # where the previous row ended, else read from the origin

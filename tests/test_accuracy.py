@@ -150,21 +150,52 @@ def test_batch_holds_its_steps(results, real):
         assert gap(real) >= -1e-12   # exact on any clock: each batch's steps are disjoint intervals inside it
 
 def test_other_gets_no_wait(results):
-    "`other` holds the late callbacks' after_batch work and nothing else; the loop's final `before_draw` (not a draw) ends in it"
+    "`other` holds the late callbacks' after_batch work and nothing else; the loop's last draw, which finds the loader empty, is its own row"
     for phase, n in (('train', N_TRAIN), ('valid', N_VALID)):
         r = row(results, phase, 'other')
         assert r['Median Duration'] == pytest.approx(LATE_TICKS['after_batch'], abs=1e-12)
-        assert r['Total Time'] == pytest.approx(EPOCHS*((n - 1)*LATE_TICKS['after_batch'] + TICKS['before_draw']), abs=1e-12)
+        assert r['Total Time'] == pytest.approx(EPOCHS*(n - 1)*LATE_TICKS['after_batch'], abs=1e-12)
+        last = row(results, phase, 'last_draw')  # a draw's: the callbacks' before_draw work, then the loader's StopIteration
+        assert last['Number of Calls'] == EPOCHS and last['Total Time'] == pytest.approx(EPOCHS*TICKS['before_draw'], abs=1e-12)
 
 @pytest.mark.parametrize('phase', ['train', 'valid'])
 def test_partition(results, real, phase):
-    "draw + batch + other + warmup add up to the phase's time, on either clock"
+    "draw + batch + other + last_draw + warmup add up to the phase's time, on either clock"
     for res in (results, real):
         top = res[(res.Phase == phase) & (res.Action == res.Step)]
-        assert set(top.Step) == {'draw', 'batch', 'other', 'warmup'}
+        assert set(top.Step) == {'draw', 'batch', 'other', 'last_draw', 'warmup'}
         assert top['Total Time'].sum() == pytest.approx(row(res, 'fit', phase)['Total Time'], rel=1e-9)
 
 def test_samples_per_second(results):
     r = row(results, 'train', 'batch')
     assert r['Samples/Second'] == pytest.approx(BS*r['Number of Calls']/r['Total Time'])
     assert row(results, 'fit', 'train')['Samples/Second'] == pytest.approx(EPOCHS*N_TRAIN*BS/row(results, 'fit', 'train')['Total Time'])
+
+ITEM, DROPPED = 0.010, 5  # seconds to make each item (a sleep: load lengthens it, never shortens it); items past the last full batch
+
+class SleepyItems:
+    "A dataset whose every item takes `ITEM` seconds to make"
+    def __init__(self, n): self.x = torch.randn(n)
+    def __len__(self): return len(self.x)
+    def __getitem__(self, i): time.sleep(ITEM); return self.x[i], 2*self.x[i]
+
+class Line(nn.Module):
+    def __init__(self): super().__init__(); self.lin = nn.Linear(1, 1)
+    def forward(self, x): return self.lin(x.view(-1, 1)).view(-1)
+
+def test_a_dropped_partial_batch_is_the_loaders():
+    """fastai's `drop_last` makes the items of the partial batch and then drops them, in the draw that finds the loader
+    empty: that work is the loop's `last_draw` row, the loader's, never the last batch's `other` (which a callback rule reads).
+    The bound on `other` is half the dropped items' sleeps, which the old booking put in it whole; its own work is µs"""
+    from fastai.data.load import DataLoader
+    train = DataLoader(SleepyItems(3*BS + DROPPED), bs=BS, drop_last=True, num_workers=0)
+    valid = DataLoader(SleepyItems(BS), bs=BS, num_workers=0)
+    learn = Learner(DataLoaders(train, valid, device=torch.device('cpu')), Line(), loss_func=F.mse_loss, opt_func=SGD, lr=1e-3)
+    learn.profile(show_report=False)
+    with learn.no_logging(): learn.fit(EPOCHS)
+    res = learn.simple_profile_results
+    last = row(res, 'train', 'last_draw')
+    assert last['Number of Calls'] == EPOCHS and last['Total Time'] >= EPOCHS*DROPPED*ITEM, last
+    assert row(res, 'train', 'other')['Max Duration'] < DROPPED*ITEM/2, row(res, 'train', 'other')
+    top = res[(res.Phase == 'train') & (res.Action == res.Step)]
+    assert top['Total Time'].sum() == pytest.approx(row(res, 'fit', 'train')['Total Time'], rel=1e-9)

@@ -42,7 +42,7 @@ N_TRN, N_VAL, EPOCHS = 6, 2, 2     # synth batches of 16; every fit below runs 2
 FAULT_EPOCH, FAULT_ITER = 1, 3      # where faults strike: the 4th train batch of the second epoch
 FAULT_TRAIN_CALL = N_TRN*FAULT_EPOCH + FAULT_ITER + 1   # ... counted as the n-th train batch of the fit (1-based)
 AT_FAULT = dict(it=FAULT_ITER, epoch=FAULT_EPOCH)   # `RaiseAt` there: that batch (valid: batch 0), that epoch or the fit
-TOP = ('draw', 'batch', 'other', 'warmup')
+TOP = ('draw', 'batch', 'other', 'last_draw', 'warmup')  # the partition (`last_draw`: a loop whose last draw was seen)
 SUBS = {'train': ('forward', 'loss', 'backward', 'opt_step', 'zero_grad'), 'valid': ('predict', 'loss')}
 CANCELS = sorted(n for n in dir(fcore) if n.startswith('Cancel') and n.endswith('Exception'))
 PROFILER_CBS = (SimpleProfilerCallback, SimpleProfilerPostCallback)

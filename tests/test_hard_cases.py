@@ -49,7 +49,7 @@ def check_partition(df, rel=0.01):
         rows = df[df.Phase == ph]
         if rows.empty: continue
         assert sorted(rows[rows.Step.isin(TOP)].Step) == sorted(TOP)
-        top = rows[rows.Step.isin(TOP + ('trace',))]['Total Time'].sum()  # `trace`: batches an instrument ran in (FLOP counting)
+        top = rows[rows.Step.isin(TOP + ('last_draw', 'trace'))]['Total Time'].sum()  # `trace`: batches an instrument ran in (FLOP counting); `last_draw`: each loop's last draw
         span = total(df, 'fit', ph)
         assert span > 0
         assert top == pytest.approx(span, rel=rel), f'{ph}: top-level rows {top} vs phase time {span}'

@@ -57,7 +57,7 @@ def test_breakdown_bars_are_the_results(learn):
     share = {}
     for g, v in w.items(): share[g.split(':')[1]] = max(share.get(g.split(':')[1], 0), v/t[('fit', g.split(':')[0])])
     segs = list(dict.fromkeys(g.split(':')[1] for g in w))
-    assert segs == [*DRAW_PARTS, 'forward', 'loss', 'backward', 'opt_step', 'zero_grad', BETWEEN, 'other', 'warmup', 'predict']
+    assert segs == [*DRAW_PARTS, 'forward', 'loss', 'backward', 'opt_step', 'zero_grad', BETWEEN, 'other', 'last_draw', 'warmup', 'predict']
     legend = [x.get_text() for x in ax.get_legend().get_texts()]
     assert legend == [s for s in segs if share[s] >= LEGEND_MIN_SHARE]
     small = [s for s in segs if share[s] < LEGEND_MIN_SHARE]
@@ -72,7 +72,7 @@ def test_timeline_series_are_the_batches(learn):
     fig = learn.plot_profile_timeline()
     ax = fig.axes[0]
     series = [a for a in ax.patches if isinstance(a, StepPatch)]
-    assert [a.get_gid() for a in series] == [s for s in SEGMENTS[Phase.TRAIN] if s != 'warmup']
+    assert [a.get_gid() for a in series] == [s for s in SEGMENTS[Phase.TRAIN] if s not in ('warmup', 'last_draw')]  # per batch: no loop's last draw
     bottom = np.zeros(len(train))
     for a in series:
         d = a.get_data()
@@ -97,7 +97,7 @@ def test_warmup_two_and_valid_timeline():
     assert [(p.get_x(), p.get_width()) for p in ax.patches if p.get_gid() == 'warmup'] == [(i, 1) for i in (0, 1, N_TRAIN, N_TRAIN + 1)]
     valid = plot_timeline(learn.profile_result.recorder, phase='valid').axes[0]
     series = [a for a in valid.patches if isinstance(a, StepPatch)]
-    assert [a.get_gid() for a in series] == [s for s in SEGMENTS[Phase.VALID] if s != 'warmup']
+    assert [a.get_gid() for a in series] == [s for s in SEGMENTS[Phase.VALID] if s not in ('warmup', 'last_draw')]
     assert all(len(a.get_data().values) == EPOCHS*N_VALID for a in series)
     # with warmup=2 every valid batch is warmup: each hatch is exactly its bar, not the axes' height
     total = tl[tl.phase == 'valid'].total.to_numpy()

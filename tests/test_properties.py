@@ -220,9 +220,9 @@ def test_folded_recorder_reports_like_the_raw_one(epochs, kinds_, warmup, chunk,
         assert close(sa['Samples/Second'], sb['Samples/Second'], rel=1e-9), (p, s)
         assert close(sa['Percent of Total'], sb['Percent of Total'], rel=1e-9, abs_=1e-12), (p, s)
         if p != Phase.FIT:  # folded percentiles are those of one summary of all the raw durations: folding loses nothing more
-            d = exact[p][s][0]
+            d = exact[p][s][0] if s is not Step.LAST_DRAW else raw.tables[p].last_draws()  # one a loop, kept whole as the runs are
             if s is Step.OTHER: d = np.concatenate([d, empty_runs(raw.tables[p])])  # loops that ran no batch count in `other`
-            whole = StepSummary().update(d).stats()
+            whole = stats(d) if s is Step.LAST_DRAW else StepSummary().update(d).stats()
             for col in ('Median Duration', 'P90 Duration', 'P99 Duration'): assert close(sb[col], whole[col], rel=0), (p, s, col)
 
 @FAST
@@ -240,7 +240,8 @@ def test_top_rows_partition_each_phase_and_count_every_batch(epochs, kinds_, war
         assert rows[(phase, 'warmup')]['Number of Calls'] == warm
         for s in ('draw', 'batch'): assert rows[(phase, s)]['Number of Calls'] == sum(ns) - warm
         assert rows[(phase, 'other')]['Number of Calls'] == sum(ns) - warm + sum(n == 0 for n in ns)  # an empty loop: one call
-        top = sum(rows[(phase, s)]['Total Time'] for s in ('draw', 'batch', 'other', 'warmup'))
+        assert rows[(phase, 'last_draw')]['Number of Calls'] == sum(n > 0 for n in ns)  # each loop that ran a batch: its last draw
+        top = sum(rows[(phase, s)]['Total Time'] for s in ('draw', 'batch', 'other', 'last_draw', 'warmup'))
         assert top == pytest.approx(rows[('fit', phase)]['Total Time'], rel=1e-9)
     steady_train = [kinds_[i % len(kinds_)] for i, (e, j) in enumerate(
         (e, j) for e, (n, _) in enumerate(epochs) for j in range(n)) if j >= warmup]

@@ -58,4 +58,4 @@ def test_quick_start_script(tmp_path):
     assert shape(printed[:cut(printed)]) == shape(shown[:cut(shown)]), \
         'the README\'s sample output is stale: run nbs/index.ipynb and `python scripts/readme.py`'
     res = pd.read_csv(out)
-    assert len(res) == 27 and list(res.columns[:3]) == ['Phase', 'Action', 'Step']   # 21, and the draw's 3 parts in train and valid
+    assert len(res) == 29 and list(res.columns[:3]) == ['Phase', 'Action', 'Step']   # 21, the draw's 3 parts and the loop's last draw in train and valid
