@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, pandas as pd
 from .recorder import DRAW_STEPS, Cols, Phase, Step, TRAIN_PARTS
-from .report import format_duration, format_pct, text_table, text_width
+from .report import STEP_COLORS, format_duration, format_pct, text_table, text_width
 from .saved import META, SavedProfile, as_profile, load_profiles
 from .stats import BLOCK  # noqa: F401  (read from here too)
 from .stats import (CHANGE, CI_HIGH, CI_LOW, MOST_RUNS, P_VALUE, Estimate, adjusted_p, between, compare,
@@ -578,7 +578,7 @@ def history_figure(h:History):
     fig, x, names = go.Figure(), np.arange(1, len(h.runs) + 1), [run_name(r) for r in h.runs]
     for j, s in enumerate(h.series.steps):
         m, e = h.series.mean[:, j]*1e3, 1.96*h.series.se[:, j]*1e3
-        fig.add_scatter(x=x, y=m, error_y=dict(type='data', array=e, visible=True), mode='lines+markers', name=s,
+        fig.add_scatter(x=x, y=m, error_y=dict(type='data', array=e, visible=True), mode='lines+markers', name=s, line_color=STEP_COLORS.get(s),
                         customdata=names, visible=True if j < 3 else 'legendonly',
                         hovertemplate=f'run %{{x}} (%{{customdata}})<br>{s}: %{{y:.3f}} ms<extra></extra>')
     for c in h.changes: fig.add_vline(x=c.at + 0.5, line_dash='dash', line_color='#a40')

@@ -12,7 +12,7 @@ import html as _html, json
 from pathlib import Path
 import numpy as np, pandas as pd
 from .recorder import DRAW_STEPS, Cols, Phase, Step, StepSummary
-from .report import format_duration
+from .report import STEP_COLORS, format_duration
 from .saved import META, SavedProfile, as_profile, atomic_write_text, result_value
 from .compare import compare_profiles, format_comparison, comparison_verdict
 
@@ -81,7 +81,7 @@ def overview_figure(results:pd.DataFrame):
         xs = [str(p) for p, steps in STACKS.items() if step in steps]
         ys = [result_value(results, p, step, Cols.TOTAL) for p, steps in STACKS.items() if step in steps]
         if any(y == y and y > 0 for y in ys):
-            fig.add_bar(y=xs, x=ys, name=str(step), orientation='h', hovertemplate=f'{step}: %{{x:.3f}} s<extra>%{{y}}</extra>')
+            fig.add_bar(y=xs, x=ys, name=str(step), orientation='h', marker_color=STEP_COLORS[step], hovertemplate=f'{step}: %{{x:.3f}} s<extra>%{{y}}</extra>')
     fig.update_layout(barmode='stack', height=280, margin=dict(l=60, r=20, t=30, b=40), xaxis_title='seconds', legend=dict(orientation='h', y=1.15))
     return fig
 
@@ -113,12 +113,12 @@ def timeline_figure(series:dict, n:int=MAX_POINTS):
         x = np.arange(len(y))[keep]
         custom = lambda idx: np.stack([b[idx], ep[idx] if ep is not None else np.full(len(idx), -1)], axis=1)  # batch, epoch (-1: unknown)
         tip = 'batch %{customdata[0]}' + (', epoch %{customdata[1]}' if ep is not None else ' (steady batches)') + f'<br>{s}: %{{y:.3f}} ms<extra></extra>'
-        fig.add_scatter(x=x, y=y[keep]*1e3, customdata=custom(keep), mode='lines+markers', marker_size=3, line_width=1, name=str(s), legendgroup=str(s),
+        fig.add_scatter(x=x, y=y[keep]*1e3, customdata=custom(keep), mode='lines+markers', marker_size=3, line_width=1, line_color=STEP_COLORS.get(s), name=str(s), legendgroup=str(s),
                         hovertemplate=tip, visible=True if i < 2 else 'legendonly')
         if warm.any():
             w = np.flatnonzero(warm)
             fig.add_scatter(x=w, y=y[w]*1e3, customdata=custom(w), mode='markers',
-                            marker=dict(symbol='x', size=8), name=f'{s}: warmup', legendgroup=str(s), showlegend=False, hovertemplate='warmup batch %{customdata[0]}, epoch %{customdata[1]}<br>%{y:.3f} ms<extra></extra>',
+                            marker=dict(symbol='x', size=8, color=STEP_COLORS.get(s)), name=f'{s}: warmup', legendgroup=str(s), showlegend=False, hovertemplate='warmup batch %{customdata[0]}, epoch %{customdata[1]}<br>%{y:.3f} ms<extra></extra>',
                             visible=True if i < 2 else 'legendonly')
     fig.update_layout(height=400, margin=dict(l=60, r=20, t=30, b=40), xaxis_title='train batch (in order)', yaxis_title='ms',
                       hovermode='closest', legend=dict(orientation='h', y=1.15))
@@ -132,7 +132,7 @@ def distribution_figure(prof:SavedProfile):
         d = prof.distributions.get((str(Phase.TRAIN), str(s)))
         if d is None: continue
         p1, q1, med, q3, p90, p99 = (v*1e3 for v in _quantiles(d, (.01, .25, .5, .75, .9, .99)))
-        fig.add_trace(go.Box(name=str(s), x=[str(s)], q1=[q1], median=[med], q3=[q3], lowerfence=[p1], upperfence=[p99], boxpoints=False,
+        fig.add_trace(go.Box(name=str(s), x=[str(s)], q1=[q1], median=[med], q3=[q3], lowerfence=[p1], upperfence=[p99], boxpoints=False, marker_color=STEP_COLORS.get(s),
                              hovertemplate=f'{s}<br>median {med:.3f} ms, P90 {p90:.3f} ms, P99 {p99:.3f} ms<extra></extra>'))
     fig.update_layout(height=320, margin=dict(l=60, r=20, t=30, b=40), yaxis_title='ms', yaxis_type='log', showlegend=False)
     return fig

@@ -16,7 +16,7 @@ from fastai.learner import Learner
 from .recorder import (Cols, 
     APART, BEFORE_DRAW, DRAW_STEPS, SAMPLES, SUB_STEPS, TRAIN_STEPS, VALID_STEPS, EventRecorder, Phase, Step,
     TimingRecorder, device_view, phase_intervals, traced_rows, ITERATION_STEPS)
-from .report import format_duration
+from .report import STEP_COLORS, format_duration
 
 # %% ../nbs/07_plots.ipynb #eaf7da4f
 def _show_in_notebook(shell=None):
@@ -95,9 +95,7 @@ def _phase_segments(steps) -> tuple:
 
 SEGMENTS = {Phase.TRAIN: _phase_segments(TRAIN_STEPS), Phase.VALID: _phase_segments(VALID_STEPS)}
 DRAW_PARTS = tuple(map(str, DRAW_STEPS))  # a split draw's segments, in place of `draw`
-SEGMENT_COLORS = {Step.DRAW: '#4c72b0', Step.WAIT: '#4c72b0', Step.TRANSFER: '#64b5cd', Step.TRANSFORMS: '#a6bddb', Step.FORWARD: '#dd8452',
-                  Step.PREDICT: '#e5c02a', Step.LOSS: '#55a868', Step.BACKWARD: '#c44e52', Step.OPT_STEP: '#8172b3', Step.ZERO_GRAD: '#937860',
-                  BETWEEN: '#da8bc3', Step.OTHER: '#8c8c8c', Step.LAST_DRAW: '#2f4b7c', Step.WARMUP: '#d9d9d9', Step.TRACE: '#ccb974'}
+SEGMENT_COLORS = {**STEP_COLORS, BETWEEN: '#da8bc3'}  # every chart's step colours (`report.STEP_COLORS`), and what runs between steps
 HATCHES = {Step.WARMUP: '//', Step.TRACE: 'xx'}  # whole batches set apart from the statistics
 LEGEND_MIN_SHARE = 0.01  # `plot_profile`: a segment under this share of every bar is too thin to see; the legend leaves it out, its note names it
 

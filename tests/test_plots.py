@@ -218,3 +218,30 @@ def test_tune_chart_legend_is_inside_the_figure(n):
     e, f = leg.get_window_extent(), fig.bbox
     assert [x.get_text() for x in leg.get_texts()] == ['predicted']
     assert f.x0 <= e.x0 and e.x1 <= f.x1 and f.y0 <= e.y0 and e.y1 <= f.y1, (e, f)
+
+def test_every_chart_gives_a_step_one_colour(learn):
+    """The PNG charts, the report page's overview, timeline and distributions and the history page colour each step from
+    one map (`report.STEP_COLORS`); the timeline's warmup markers take their line's colour"""
+    from matplotlib.colors import to_hex
+    from fastxtend_prof.report import STEP_COLORS
+    from fastxtend_prof.page import overview_figure, timeline_figure, timeline_series, distribution_figure
+    from fastxtend_prof.history import history, history_figure
+    from fastxtend_prof.saved import profile_of
+    prof, seen = profile_of(learn), {}
+    def saw(chart, name, colour):
+        if name in STEP_COLORS: seen.setdefault(name, {})[chart] = colour if colour is None else to_hex(colour)
+    for p in learn.plot_profile().axes[0].patches:
+        if p.get_gid(): saw('png breakdown', p.get_gid().split(':')[1], p.get_facecolor())
+    for a in plot_timeline(learn.profile_result.recorder).axes[0].patches:
+        if isinstance(a, StepPatch): saw('png timeline', a.get_gid(), a.get_facecolor())
+    for t in overview_figure(prof.results).data: saw('page overview', t.name, t.marker.color)
+    for t in timeline_figure(timeline_series(prof))[0].data:
+        saw('page timeline warmup' if t.name.endswith(': warmup') else 'page timeline', t.legendgroup,
+            t.marker.color if t.name.endswith(': warmup') else t.line.color)
+    for t in distribution_figure(prof).data: saw('page distribution', t.name, t.marker.color)
+    for t in history_figure(history([prof, prof])).data: saw('history page', t.name, t.line.color)
+    charts = {c for v in seen.values() for c in v}
+    assert len(charts) == 7, charts
+    for name, by in seen.items():
+        assert set(by.values()) == {to_hex(STEP_COLORS[name])}, (name, by)
+    assert {'draw', 'forward', 'backward'} <= {n for n, by in seen.items() if len(by) >= 5}
