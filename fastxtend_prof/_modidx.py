@@ -235,6 +235,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                     'fastxtend_prof/compare.py'),
                                         'fastxtend_prof.compare._runs_row': ('compare.html#_runs_row', 'fastxtend_prof/compare.py'),
                                         'fastxtend_prof.compare._started': ('compare.html#_started', 'fastxtend_prof/compare.py'),
+                                        'fastxtend_prof.compare._trained_at': ('compare.html#_trained_at', 'fastxtend_prof/compare.py'),
                                         'fastxtend_prof.compare._values': ('compare.html#_values', 'fastxtend_prof/compare.py'),
                                         'fastxtend_prof.compare.baseline': ('compare.html#baseline', 'fastxtend_prof/compare.py'),
                                         'fastxtend_prof.compare.baseline_advice': ( 'compare.html#baseline_advice',

@@ -191,6 +191,10 @@ def compared_columns() -> dict:
     "`{column: format}` of the features' columns a comparison shows for both runs (`Feature.compared`), such as the FLOPs feature's MFU"
     return {c: fmt for f in FEATURES.values() for c, fmt in dict(f.compared).items()}
 
+def _trained_at(bs:list, ns:list) -> tuple:
+    "Each side's rate it trained at (train samples over train time, its runs' mean): the rate the page's headline and `history` show"
+    return tuple(_mean_of([r.results for r in runs], Phase.FIT, Step.TRAIN) for runs in (bs, ns))
+
 def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_json=True)`, a `SavedProfile`, a profiled Learner, a folder of runs, or a list of runs
                      new, # The run (or runs) to judge, in any of the same forms
                      alpha:float=ALPHA, # A change is significant only if its test's p-value is below this
@@ -225,7 +229,7 @@ def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_
     out = out.reindex(columns=[*COMPARE_COLS, *(f'{w} {c}' for c in compared_columns() for w in ('Base', 'New'))]).astype({'Significant': bool})
     source = lambda runs: ', '.join(str(r.source) for r in runs)
     out.attrs.update(warnings=comparability(bs, ns) + far, alpha=alpha, min_change=min_change, min_share=min_share, confidence=confidence,
-                     base=source(bs), new=source(ns), runs=(len(bs), len(ns)), noise=noise, paired=turns, spread=spread, judged=judged,
+                     base=source(bs), new=source(ns), runs=(len(bs), len(ns)), trained_at=_trained_at(bs, ns), noise=noise, paired=turns, spread=spread, judged=judged,
                      runs_needed=None if not 0 < min_change < 100 else pairs_needed_from(_pair_diffs(bs, ns, block), min_change, alpha/2, POWER)
                      if turns else runs_needed(spread, min_change, alpha, POWER))
     out.attrs['verdict'] = comparison_verdict(out)
@@ -273,8 +277,9 @@ def comparison_verdict(cmp:pd.DataFrame) -> str:
     if Step.ITERATION not in t.index: return 'no train iteration in common to compare'
     it, level = t.loc[Step.ITERATION], cmp.attrs.get('confidence', CONFIDENCE)
     ch, lo, hi = it[CHANGE], it[CI_LOW], it[CI_HIGH]
-    rate = (f"{throughput(it['New Samples/s']/it['Base Samples/s'])} the samples/s ({it['Base Samples/s']:,.0f} → {it['New Samples/s']:,.0f})"
-            if it['Base Samples/s'] > 0 and it['New Samples/s'] > 0 else f"{throughput(100/(100 + ch))} the batches/s" if ch > -100 else '')
+    b, n = cmp.attrs.get('trained_at', (math.nan, math.nan))  # the rate each side trained at, as the headline and `history` say it
+    rate = (f"{throughput(n/b)} the samples/s trained at ({b:,.0f} → {n:,.0f})" if b > 0 and n > 0 else
+            f"{throughput(100/(100 + ch))} the batches/s" if ch > -100 else '')
     for c, fmt in compared_columns().items():
         b, n = it.get(f'Base {c}', math.nan), it.get(f'New {c}', math.nan)
         if b == b and n == n: rate += f', {c} {fmt.format(b)} → {fmt.format(n)}'

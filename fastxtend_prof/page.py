@@ -180,11 +180,11 @@ def _metadata_rows(meta:dict, prefix:str='') -> list:
     return out
 
 def headline(res:pd.DataFrame) -> list:
-    "`[(value, label)]` a page leads with: the rate the run trained at (train samples over train time), the median iteration, the model's rate alone, the fit's time"
-    rate, it = result_value(res, Phase.FIT, Step.TRAIN, Cols.RATE), result_value(res, Phase.TRAIN, Step.ITERATION, Cols.MEDIAN)
+    "`[(value, label)]` a page leads with: the rate the run trained at (train samples over train time, as `compare` and `history` say it), the mean iteration (as their tables), the model's rate alone, the fit's time"
+    rate, it = result_value(res, Phase.FIT, Step.TRAIN, Cols.RATE), result_value(res, Phase.TRAIN, Step.ITERATION, Cols.MEAN)
     model, fit = result_value(res, Phase.TRAIN, Step.BATCH, Cols.RATE), result_value(res, Phase.FIT, Step.FIT, Cols.TOTAL)
     out = [(f'{rate:,.0f} samples/s' if rate == rate else '—', 'trained at: train samples ÷ train time'),
-           (format_duration(it) if it == it else '—', 'train iteration (median)')]
+           (format_duration(it) if it == it else '—', 'train iteration (mean a steady batch)')]
     if model == model: out.append((f'{model:,.0f} samples/s', "the model alone: the batch step's rate, data free"))
     return out + [(format_duration(fit) if fit == fit else '—', 'whole fit')]
 

@@ -70,10 +70,10 @@ def run_summary(run:SavedProfile, cmp:pd.DataFrame|None=None) -> dict:
 def _md(v) -> str: return str(v).replace('|', '\\|').replace('\n', ' ')
 
 def _headline(run:SavedProfile) -> str:
-    "The rate the run trained at, its median iteration, the model's own rate and the device, in one line"
+    "The rate the run trained at, its mean iteration, the model's own rate and the device, in one line"
     s = run_summary(run)['run']
     parts = [f"**trained at {s['samples_per_s']:,.0f} samples/s** (train samples ÷ train time)" if s['samples_per_s'] else '**trained**: samples not counted',
-             f"train iteration {format_duration(s[str(Step.ITERATION)]['median_s'])} (median)" if s[str(Step.ITERATION)]['median_s'] else None,
+             f"train iteration {format_duration(s[str(Step.ITERATION)]['mean_s'])} (mean a steady batch)" if s[str(Step.ITERATION)]['mean_s'] else None,
              f"the model alone {s['model_samples_per_s']:,.0f} samples/s (the batch step, data free)" if s['model_samples_per_s'] else None,
              f"{s['device']}" if s['device'] else None]
     return ' · '.join(p for p in parts if p)

@@ -342,3 +342,20 @@ def test_cli_compares_a_folder_a_side_and_several_files(leveled):
     empty = d/'empty'; empty.mkdir()
     bad = run_cli(d/'a', empty)
     assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1 and 'without run files' in bad.stderr, bad.stderr
+
+def test_one_samples_per_second_in_the_headline_compare_and_history():
+    """The page's headline, the markdown summary, `compare`'s verdict and `history`'s table quote one rate for a run: the
+    rate it trained at (train samples over train time), not the steady iteration's, which leaves the warmup out"""
+    from fastxtend_prof.page import headline
+    from fastxtend_prof.history import history, history_table
+    from fastxtend_prof.summary import run_markdown
+    from fastxtend_prof.saved import result_value
+    runs = [profiled(mlp_learner(**SMALL), rounds=1), profiled(mlp_learner(bs=16, width=96), rounds=1)]
+    rate = [result_value(r.results, 'fit', 'train') for r in runs]
+    shown = [f'{v:,.0f}' for v in rate]
+    steady = [f"{result_value(r.results, 'train', 'iteration'):,.0f}" for r in runs]
+    assert steady != shown  # the two rates differ here, so a view quoting the other one fails
+    assert [headline(r.results)[0][0] for r in runs] == [f'{s} samples/s' for s in shown]
+    assert all(f'trained at {s} samples/s' in run_markdown(r) for s, r in zip(shown, runs))
+    assert f'the samples/s trained at ({shown[0]} → {shown[1]})' in compare_profiles(*runs).attrs['verdict']
+    assert history_table(history(runs))['Samples/s'].tolist() == pytest.approx(rate)
