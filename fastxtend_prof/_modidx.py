@@ -284,6 +284,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                       'fastxtend_prof.cores.Cores.relay': ('cores.html#cores.relay', 'fastxtend_prof/cores.py'),
                                       'fastxtend_prof.cores.Cores.review': ('cores.html#cores.review', 'fastxtend_prof/cores.py'),
                                       'fastxtend_prof.cores.core_wait': ('cores.html#core_wait', 'fastxtend_prof/cores.py'),
+                                      'fastxtend_prof.cores.held_back': ('cores.html#held_back', 'fastxtend_prof/cores.py'),
                                       'fastxtend_prof.cores.running_processes': ('cores.html#running_processes', 'fastxtend_prof/cores.py'),
                                       'fastxtend_prof.cores.wait_share': ('cores.html#wait_share', 'fastxtend_prof/cores.py')},
             'fastxtend_prof.digits': { 'fastxtend_prof.digits.DigitsDataset': ('digits.html#digitsdataset', 'fastxtend_prof/digits.py'),

@@ -12,7 +12,7 @@ import pytest, torch
 from torch import nn
 from fastai.basics import DataLoaders, Learner, CrossEntropyLossFlat
 import fastxtend_prof.all  # noqa: F401
-from fastxtend_prof.cores import CORE_WAIT_SHARE
+from fastxtend_prof.cores import CORE_WAIT_SHARE, STRETCHED
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith('linux'), reason='reads Linux schedstat')
 
@@ -52,6 +52,7 @@ def test_an_oversubscribed_fit_is_told_to_use_fewer_threads():
     assert a is not None and a.severity == 'warning', r.advice
     assert 'torch.set_num_threads(' in a.suggestion and a.evidence['threads'] == 2 and a.evidence['workers'] == 2, a
     assert all('garbage collector' not in a.suggestion or 'not the garbage collector' in a.suggestion for a in r.advice), r.advice
+    assert not any(a.rule in STRETCHED for a in r.advice), r.advice  # no remedy for a step the wait stretched: the wait first
 
 def test_speed_find_tries_fewer_threads_on_an_oversubscribed_machine():
     """The same fit, tuned: `speed_find` tries torch's threads as many as the workers leave (one), keeps it exactly when the
