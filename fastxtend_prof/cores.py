@@ -125,8 +125,7 @@ def core_wait(result, ctx:dict) -> list:
     return [Advice('core_wait', 'warning', ev, tip, verdict)]
 
 STRAGGLERS = 'stragglers here follow the wait for a core (see `core_wait`), not the garbage collector: fix that first.'
-STRETCHED = ('biggest_gain', 'heavy_callbacks', 'host_bound_opt_step', 'heavy_transforms', 'slow_transfer', 'data_bound',
-             'loader_stage', 'low_mfu')  # rules whose finding and remedy read steps' times, which the wait for a core stretches
+STRETCHED = ('biggest_gain', 'heavy_callbacks', 'host_bound_opt_step')  # remedies for a step's own work, whose time the wait stretches
 
 def held_back(advice:list) -> list:
     "`advice` where `core_wait` speaks: the `STRETCHED` rules held back and named in it, stragglers pointed at it"
