@@ -209,8 +209,8 @@ class TimingRecorder:
         if t is None: t = self.clock()
         d, self._draw_t = self._draw_t, _NAN
         if self._row_open:  # the last batch's `other` ends where the loop's last draw began; that draw is the run's own
-            self._close_row(t if d != d else d)
-            if d == d: self._table.runs[-1].append(t - d)
+            self._close_row(d if is_set(d) else t)
+            if is_set(d): self._table.runs[-1].append(t - d)
         self._table.runs[-1][2] = t
         self.spans[Step(self._phase.value)].append(t - self._open.pop(Step(self._phase.value)))
         self._phase, self._table = None, None
