@@ -408,7 +408,8 @@ def test_the_hand_over_is_measured_on_the_machine():
     states, children = RandomStates(), multiprocessing.active_children()
     handoff, receive = probe_handoff(learn, batch, batches=8)
     assert RandomStates() == states and multiprocessing.active_children() == children
-    assert 15e-3 <= handoff < 28e-3 and 9.5e-3 <= receive < 18e-3, (handoff, receive)  # 20 ms and 10 ms; 30 ms without the loop's own 10 taken off
+    # 20 ms and 10 ms; a receive that counted the worker's 20 ms would read 30 ms or more, which load only lengthens (18.6 ms was read under CI's load)
+    assert 15e-3 <= handoff < 28e-3 and 9.5e-3 <= receive < 28e-3, (handoff, receive)
     small = probe_handoff(learn)  # the loader's own first batch: two small tensors
     assert all(0 < v < 10e-3 for v in small), small
     assert all(v != v for v in probe_handoff(learn, (torch.zeros(2), object())))
