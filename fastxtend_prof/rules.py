@@ -4,15 +4,15 @@
 
 # %% auto #0
 __all__ = ['DATA_BOUND_SHARE', 'DATA_BOUND_CRITICAL', 'DATA_BOUND_MIN_DRAW', 'STARTUP_RATIO', 'STARTUP_MIN_SHARE',
-           'OPT_STEP_RATIO', 'OPT_STEP_MIN_SHARE', 'OPT_STEP_MIN', 'OTHER_SHARE', 'OTHER_MIN', 'UNSTABLE_RATIO',
-           'UNSTABLE_MIN_SHARE', 'UNSTABLE_MIN_BATCHES', 'TRANSFER_SHARE', 'TRANSFER_MIN_SHARE', 'TRANSFER_MIN',
-           'TFMS_SHARE', 'TFMS_MIN', 'REMEDIES', 'GAIN_MIN', 'RULES', 'Remedy', 'remedy_for', 'loader_settings',
-           'torch_optimizer', 'accelerator', 'run_context', 'rule', 'data_bound', 'startup', 'host_bound_opt_step',
-           'heavy_callbacks', 'slow_transfer', 'heavy_transforms', 'unstable_steps', 'host_timing', 'gains',
-           'biggest_gain', 'all_rules', 'advise']
+           'OPT_STEP_RATIO', 'OPT_STEP_MIN_SHARE', 'OPT_STEP_MIN', 'OPT_HOST_SHARE', 'OTHER_SHARE', 'OTHER_MIN',
+           'UNSTABLE_RATIO', 'UNSTABLE_MIN_SHARE', 'UNSTABLE_MIN_BATCHES', 'TRANSFER_SHARE', 'TRANSFER_MIN_SHARE',
+           'TRANSFER_MIN', 'TFMS_SHARE', 'TFMS_MIN', 'REMEDIES', 'GAIN_MIN', 'RULES', 'Remedy', 'remedy_for',
+           'loader_settings', 'torch_optimizer', 'accelerator', 'probe_opt_overhead', 'OptOverhead', 'run_context',
+           'rule', 'data_bound', 'startup', 'opt_step_tip', 'host_bound_opt_step', 'heavy_callbacks', 'slow_transfer',
+           'heavy_transforms', 'unstable_steps', 'host_timing', 'gains', 'biggest_gain', 'all_rules', 'advise']
 
 # %% ../nbs/03_rules.ipynb #db59b276
-import functools, math, os, warnings
+import functools, math, os, time, warnings
 import numpy as np, pandas as pd, torch
 from dataclasses import dataclass
 from .recorder import (Cols, 
@@ -31,6 +31,7 @@ STARTUP_MIN_SHARE = 0.05  # ... when the start-ups after the first epoch cost th
 OPT_STEP_RATIO = 0.5  # opt_step at least this fraction of forward + backward
 OPT_STEP_MIN_SHARE = 0.1  # ... and at least this share of the train step
 OPT_STEP_MIN = 5e-4  # s: ... and at least this long per step
+OPT_HOST_SHARE = 0.5  # ... and its host overhead (the same step on one-element tensors) at least this share of it; else it is arithmetic
 OTHER_SHARE = 0.25  # median `other` at least this share of the median train step
 OTHER_MIN = 1e-3  # s: ... and at least this long
 UNSTABLE_RATIO = 3  # p99 step this many times the median; batches slower than this multiple are stragglers
@@ -123,13 +124,47 @@ def accelerator() -> str|None:
     try: return acc.current_accelerator().type if acc is not None and acc.is_available() else ('cuda' if torch.cuda.is_available() else None)
     except Exception: return None
 
+def probe_opt_overhead(opt_func, # The Learner's `opt_func` (fastai's optimizers, or torch's through `OptimWrapper`)
+                       kinds:list, # `(device, dtype)` of each parameter tensor it steps
+                       steps:int=5, # Steps timed, after two that warm it up
+                      ) -> float:
+    ("Median seconds a step of `opt_func`'s optimizer takes on one-element tensors, one of each of `kinds`: its "
+     "per-tensor host overhead without the arithmetic; NaN where it cannot be built")
+    if not kinds or not callable(opt_func): return math.nan
+    tiny = [torch.zeros(1, device=d, dtype=t).requires_grad_() for d, t in kinds]  # no random numbers: the user's stay
+    for p in tiny: p.grad = torch.full_like(p, 1e-3)
+    try: opt = opt_func(tiny, lr=1e-3)
+    except Exception: return math.nan
+    dev = kinds[0][0]
+    sync = (lambda: torch.cuda.synchronize(dev)) if torch.device(dev).type == 'cuda' else (lambda: None)
+    took = []
+    for i in range(steps + 2):
+        sync(); t = time.perf_counter()
+        opt.step(); sync()
+        if i >= 2: took.append(time.perf_counter() - t)
+    return float(np.median(took))
+
+class OptOverhead:
+    "`probe_opt_overhead` of the optimizer of a Learner as it was when made, measured when first called and kept"
+    def __init__(self, learn):
+        self.kinds = [(p.device, p.dtype) for p in learn.model.parameters() if p.requires_grad]
+        self.opt_func, self._s = getattr(learn, 'opt_func', None), None
+    def __call__(self) -> float:
+        if self._s is None:
+            try: self._s = probe_opt_overhead(self.opt_func, self.kinds)
+            except Exception: self._s = math.nan
+        return self._s
+    def __repr__(self): return f'OptOverhead({len(self.kinds)} tensors)'
+
 def run_context(learn, sync:str='none') -> dict:
     "What the rules need to know about `learn`'s run beside the timings: device, `sync`, DataLoader, callbacks, optimizer"
     dl = getattr(getattr(learn, 'dls', None), 'train', None)
     acc = next((cb for cb in learn.cbs if type(cb).__name__ == 'GradientAccumulation'), None)
+    over = OptOverhead(learn)
     return dict(device=train_device(learn).type, accelerator=accelerator(), sync=sync, **loader_settings(dl),
                 callbacks_in_other=_callbacks_in_other(learn), callbacks_in_step=_callbacks_in_step(learn),
-                accumulate=getattr(acc, 'n_acc', None), optimizer=_optimizer_name(learn), cpu_count=os.cpu_count())
+                accumulate=getattr(acc, 'n_acc', None), optimizer=_optimizer_name(learn), cpu_count=os.cpu_count(),
+                fused_ok='fused' in getattr(torch_optimizer(learn), 'defaults', {}), opt_tensors=len(over.kinds), opt_overhead=over)
 
 # %% ../nbs/03_rules.ipynb #a341e16f
 def rule(*covers):
@@ -232,9 +267,32 @@ def startup(result, ctx:dict) -> list:
     return [Advice('startup', 'warning', ev, tip, verdict)]
 
 # %% ../nbs/03_rules.ipynb #6d93be5f
+_BIGGER = "a larger batch shares each step over more samples (`learn.speed_find(allow='batch_size')` tries twice the batch)"
+
+def opt_step_tip(ctx:dict, host:bool=True) -> str:
+    ("What to try for a slow optimizer step of the run `ctx` (`host`: its host overhead, else its arithmetic), each a "
+     "fix `speed_find` tries: torch's fused kernels (else its multi-tensor ones) where the optimizer takes them, and a "
+     "larger batch")
+    name = ctx.get('optimizer') or ''
+    if not name.startswith('torch.optim.'):
+        return _BIGGER + ("; fastai's own optimizers step each tensor in Python (torch's through `OptimWrapper` have "
+                          "fused kernels: a change of the numerics that `speed_find` does not try)" if host else '')
+    if 'fused' in name: return _BIGGER
+    if ctx.get('fused_ok', True): return "pass `fused=True` to the torch optimizer (one kernel for every tensor; `learn.speed_find()` tries it), or " + _BIGGER
+    if 'foreach' not in name: return "pass `foreach=True` to the torch optimizer (`learn.speed_find()` tries it), or " + _BIGGER
+    return _BIGGER
+
+def _overhead(ctx:dict) -> float:
+    "The optimizer's host overhead a step that `ctx` holds (a number, or `OptOverhead` to call); NaN where it has none"
+    o = ctx.get('opt_overhead')
+    try: o = o() if callable(o) else o
+    except Exception: return math.nan
+    return math.nan if o is None else float(o)
+
 @rule(Step.OPT_STEP)
 def host_bound_opt_step(result, ctx:dict) -> list:
-    "`opt_step`, per batch, is at least `OPT_STEP_RATIO` of forward + backward and `OPT_STEP_MIN_SHARE` of the step"
+    ("`opt_step`, per batch, is at least `OPT_STEP_RATIO` of forward + backward and `OPT_STEP_MIN_SHARE` of the step, "
+     "and its host overhead (`ctx['opt_overhead']`, where measured) at least `OPT_HOST_SHARE` of it")
     r = _rows(result)
     if not {Step.OPT_STEP, Step.FORWARD, Step.BACKWARD, Step.BATCH} <= r.keys(): return []
     steps, batches = int(r[Step.OPT_STEP][Cols.CALLS]), int(r[Step.BATCH][Cols.CALLS])
@@ -246,15 +304,19 @@ def host_bound_opt_step(result, ctx:dict) -> list:
     step_mean, extra = float(r[Step.OPT_STEP][Cols.MEAN]), list(ctx.get('callbacks_in_step') or [])
     ev = dict(opt_step_mean_s=step_mean, opt_step_per_batch_s=opt, batches_per_step=batches/max(steps, 1), forward_backward_mean_s=fb,
               ratio=opt/fb, share_of_step=share, callbacks_in_step=extra)
+    over = _overhead(ctx)
+    if over == over and over < OPT_HOST_SHARE*step_mean: return []  # its arithmetic: `biggest_gain` weighs it
     name = ctx.get('optimizer') or ''
-    if name.startswith('torch.optim.') and 'foreach' in name: tip = 'use `fused=True` on CUDA, or fewer, larger parameter tensors'
-    elif name.startswith('torch.optim.'): tip = 'pass `foreach=True` to the torch optimizer (`fused=True` on CUDA)'
-    else: tip = "use a torch optimizer with `foreach=True` (`fused=True` on CUDA) through fastai's wrapper: " + REMEDIES['foreach'].keep.format(opt='AdamW')
+    if over == over: ev.update(host_overhead_s=over, host_share=min(1., over/step_mean), tensors=ctx.get('opt_tensors'))
+    tip = opt_step_tip(ctx)
     if 'GradientClip' in extra: tip += "; `GradientClip`'s clipping is in this row too: clip less often, or not at all if the loss is stable"
     per = f'{_ms(opt)} per batch (one step every {ev["batches_per_step"]:.3g} batches, {_ms(step_mean)} each)' if steps < batches else _ms(opt)
     cbs = f", with the `before_step` work of {', '.join(f'`{c}`' for c in extra)}" if extra else ''
     verdict = (f"The optimizer step{cbs} takes {per}: {opt/fb:.0%} of forward + backward ({_ms(fb)}) and {share:.0%} of the step"
                + (f' ({name})' if name else '') + '.')
+    if over == over:
+        verdict += (f" {_ms(min(over, step_mean))} of each step ({min(1., over/step_mean):.0%}) is host overhead, what it costs here on "
+                    f"{ctx.get('opt_tensors')} one-element tensors, one per parameter tensor, not arithmetic.")
     return [Advice('host_bound_opt_step', 'warning', ev, tip + '.', verdict)]
 
 # %% ../nbs/03_rules.ipynb #1b5d964d
@@ -390,7 +452,8 @@ def biggest_gain(result, ctx:dict) -> list:
     ev = dict(step=top.Step, share=top['Share %']/100, speedup=float(top.Speedup), low=float(top['Speedup Low']), high=float(top['Speedup High']),
               others={s: float(x) for s, x in zip(wi.Step[1:], wi.Speedup[1:])})
     rem = remedy_for(top.Step)
-    return [Advice('biggest_gain', 'info', ev, (rem.hint if rem else 'look at what runs in this step') + '.', verdict + '.')]
+    hint = opt_step_tip(ctx, host=False) if top.Step == Step.OPT_STEP else rem.hint if rem else 'look at what runs in this step'
+    return [Advice('biggest_gain', 'info', ev, hint + '.', verdict + '.')]
 
 # %% ../nbs/03_rules.ipynb #1cc0ef3a
 RULES = [data_bound, slow_transfer, heavy_transforms, startup, host_bound_opt_step, heavy_callbacks, unstable_steps, host_timing, biggest_gain]

@@ -332,8 +332,9 @@ def _predict_optimizer(flag:str):
         it, opt = times.get(Step.ITERATION, 0.), times.get(Step.OPT_STEP, 0.)
         if opt/it < TARGET_SHARE: return [], []
         if ctx.optimizer is None:
-            return [], ["optimizer step: not a torch optimizer through fastai's OptimWrapper, so foreach/fused can't "
-                        "be switched on"] if flag == 'foreach' else []
+            more = '' if 'batch_size' in allow else "; `allow='batch_size'` tries twice the batch, which shares it over more samples"
+            return [], ["optimizer step: fastai's own optimizer, which has no foreach/fused kernels to switch on"
+                        + more] if flag == 'foreach' else []
         if ctx.fused or (flag == 'foreach' and ctx.foreach) or (flag == 'fused' and not ctx.fused_ok): return [], []
         why = f"the optimizer step ({ctx.optimizer}) is {opt/it:.0%} of the iteration"
         return [Fix(flag, True, Step.OPT_STEP, amdahl(it, opt, SAVES[flag]), why)], []
@@ -361,8 +362,9 @@ def predict_batch_size(times:dict, ctx:TuneContext, allow=()) -> tuple:
     "Twice the batch, when allowed (it changes the training): the per-batch costs shared over more samples"
     it = times.get(Step.ITERATION, 0.)
     if 'batch_size' not in allow or not ctx.fastai_loader or not ctx.bs: return [], []
-    return [Fix('batch_size', 2*ctx.bs, Step.ITERATION, amdahl(it, times.get(Step.OTHER, 0.), SAVES['batch_size']),
-                'a larger batch shares the per-batch costs (the callbacks, the loop) over more samples')], []
+    per = sum(times.get(s, 0.) for s in (Step.OTHER, Step.OPT_STEP, Step.ZERO_GRAD))  # once a batch, whatever its size
+    return [Fix('batch_size', 2*ctx.bs, Step.ITERATION, amdahl(it, per, SAVES['batch_size']),
+                'a larger batch shares the per-batch costs (the optimizer step, the callbacks, the loop) over more samples')], []
 
 def predict_threads(times:dict, ctx:TuneContext, allow=()) -> tuple:
     ("Fewer torch threads, where the training thread waited for a core `CORE_WAIT_SHARE` of the train loops or more "

@@ -304,3 +304,37 @@ def test_trace_window_is_kept_out_of_the_statistics(tmp_path, monkeypatch, capsy
     assert bars['train:trace'] == pytest.approx(r.loc[('train', 'trace'), 'Total Time']) and 'valid:trace' not in bars
     spans = [(p.get_x(), p.get_width()) for p in learn.plot_profile_timeline().axes[0].patches if p.get_gid() == 'trace']
     assert spans == [(i, 1) for i in range(2, 6)]  # one hatch per traced batch, on its bar
+
+# --- the optimizer step: host overhead or arithmetic ---------------------------------------------------------------
+
+def _mlp_fit(layers, width, bs=4, n=240):
+    "A profiled fit, fastai's default optimizer (Adam), of `layers` Linear(`width`, `width`) on random data"
+    torch.manual_seed(0)
+    x, y = torch.randn(n, width), torch.randn(n, width)
+    dls = DataLoaders.from_dsets(list(zip(x, y)), list(zip(x[:16], y[:16])), bs=bs, num_workers=0, device='cpu')
+    model = nn.Sequential(*[nn.Linear(width, width) for _ in range(layers)])
+    learn = Learner(dls, model, loss_func=MSELossFlat()).profile(show_report=False, flops=False)
+    with learn.no_bar(): learn.fit(1, 1e-3)
+    return learn
+
+def _opt_mean(learn):
+    r = learn.simple_profile_results.set_index(['Phase', 'Step'])
+    return float(r.loc[('train', 'opt_step'), 'Mean Duration'])
+
+def test_host_overhead_is_told_from_arithmetic():
+    """fastai's Adam on 80 tensors of 72 values is all overhead: the rule speaks, and what it suggests is a fix
+    speed_find tries on that Adam (a larger batch), with nothing of CUDA on a CPU. On 2 tensors of a million values its
+    step is the arithmetic (~30x the one-element probe here): the rule is silent. The margins are ratios of two times
+    the same machine stretches alike"""
+    small = _mlp_fit(40, 8)
+    over = small.profile_result.context['opt_overhead']()
+    assert over > 0.5*_opt_mean(small)
+    adv = {a.rule: a for a in small.profile_result.advice}
+    a = adv['host_bound_opt_step']
+    assert a.evidence['host_share'] > 0.5 and a.evidence['tensors'] == 80
+    assert "speed_find(allow='batch_size')" in a.suggestion and 'CUDA' not in a.suggestion + a.verdict
+    res = small.speed_find(max_time=40, batches=20, allow='batch_size', show=False)
+    assert 'batch_size' in set(res.trials.Kind)     # the advice's remedy, tried on fastai's Adam
+    big = _mlp_fit(1, 1024)
+    assert big.profile_result.context['opt_overhead']() < 0.5*_opt_mean(big)
+    assert 'host_bound_opt_step' not in {a.rule for a in big.profile_result.advice}
