@@ -1128,6 +1128,7 @@ d = { 'settings': {'branch': 'main', 'doc_baseurl': '/', 'doc_host': '', 'git_ur
                                                                                     'fastxtend_prof/rules.py'),
                                       'fastxtend_prof.rules._callbacks_in_step': ( 'rules.html#_callbacks_in_step',
                                                                                    'fastxtend_prof/rules.py'),
+                                      'fastxtend_prof.rules._fastest': ('rules.html#_fastest', 'fastxtend_prof/rules.py'),
                                       'fastxtend_prof.rules._fn_name': ('rules.html#_fn_name', 'fastxtend_prof/rules.py'),
                                       'fastxtend_prof.rules._ms': ('rules.html#_ms', 'fastxtend_prof/rules.py'),
                                       'fastxtend_prof.rules._name': ('rules.html#_name', 'fastxtend_prof/rules.py'),

@@ -4,8 +4,8 @@
 
 # %% auto #0
 __all__ = ['CLOCK', 'SCHEDSTAT', 'KINDS', 'UNSHOWN', 'ITEM_KINDS', 'PER_ITEM', 'PER_BATCH', 'PER_PASS', 'FIRST', 'STAGE_COLS',
-           'READY', 'WAITING', 'STAGE_TIPS', 'STAGE_GAIN', 'MAX_WORKERS', 'PLACE_COLORS', 'Timed', 'StageLog',
-           'thread_times', 'cpu_demand', 'work_share', 'tfm_name', 'watch_stages', 'torch_watchable',
+           'READY', 'WAITING', 'STAGE_TIPS', 'STALL_RATIO', 'STAGE_GAIN', 'MAX_WORKERS', 'PLACE_COLORS', 'Timed',
+           'StageLog', 'thread_times', 'cpu_demand', 'work_share', 'tfm_name', 'watch_stages', 'torch_watchable',
            'watch_torch_stages', 'StageTimes', 'stage_label', 'stage_table', 'waits_of', 'queue_of', 'making_time',
            'compute_share', 'work_line', 'queue_line', 'start_line', 'shown_rows', 'stage_text', 'stage_tip',
            'typical_per_batch', 'stage_worth', 'stage_advice', 'cores', 'keep_up', 'best_case', 'best_line',
@@ -405,10 +405,17 @@ def stage_tip(stage:str) -> tuple:
     kind, _, name = stage.partition(': ')
     return next(((w, tip) for w, match, tip in STAGE_TIPS if match(kind, name)), ('', 'make it cheaper'))
 
+STALL_RATIO = 3  # `typical_per_batch`: a stage's calls average at most this many times its median call; the rest is stalls
+
 def typical_per_batch(rows:pd.DataFrame, n:int) -> pd.Series:
-    "Each stage row's seconds per batch of the `n` made, its single longest call left out and the rest scaled back to all its calls: a stall that fell in one call (a garbage collection, the process descheduled) does not make a stage look costly"
+    ("Each stage row's seconds per batch of the `n` made, without its stalls (a garbage collection in each worker, "
+     "the process descheduled): its longest call left out, the rest scaled back to all its calls, and at most "
+     "`STALL_RATIO` times its median call a call")
     total, calls, longest = (rows[c].to_numpy(dtype=float) for c in (Cols.TOTAL, Cols.CALLS, Cols.MAX))
     rest = np.where(calls > 1, (total - longest)*calls/np.maximum(calls - 1, 1), total)
+    if Cols.MEDIAN in rows:  # a few stalls, one in each worker, outweigh a cheap stage's calls; its median stays
+        med = rows[Cols.MEDIAN].to_numpy(dtype=float)
+        rest = np.where((calls > 2) & np.isfinite(med), np.minimum(rest, STALL_RATIO*med*calls), rest)
     return pd.Series(rest/n, index=rows.Stage.to_numpy())
 
 STAGE_GAIN = 0.05  # `stage_worth`: a loader stage is worth a note, without the data-bound advice, when removing it would save at least this share of the train iteration ...

@@ -242,7 +242,9 @@ def test_the_advice_names_the_costliest_stage_and_predicts_the_gain(num_workers,
     adv = [a for a in learn.profile_result.advice if a.rule in ('data_bound', 'loader_stage')]
     assert [a.rule for a in adv] == ['data_bound', 'loader_stage'], learn.profile_result.advice  # right after the data-bound advice
     ev = adv[1].evidence
-    assert ev['stage'] == 'after_item: SleepyItem' and ev['workers'] == num_workers and 'batch transform' in adv[1].suggestion
+    rows = learn.profile_result.payload('stages')
+    assert ev['stage'] == 'after_item: SleepyItem', rows[rows.Phase == 'train'].set_index(['Stage', 'Where']).iloc[:, 1:].to_string()
+    assert ev['workers'] == num_workers and 'batch transform' in adv[1].suggestion
     assert BS*ITEM <= ev['stage_s_per_batch']  # exactly that on the injected clock (below)
     if num_workers:
         assert ev['iteration_s'] > 1.5*ev['iteration_without_s']  # the gain is real
