@@ -213,7 +213,7 @@ def profile_page(source, # A Learner after a profiled fit, a JSON file from `lea
     if series:
         fig, cut = timeline_figure(series, max_points)
         n = max(len(v[0]) for v in series.values())
-        where = 'every batch, epochs and warmup marked' if prof.timeline is not None else 'the steady train batches in order (the file has no epochs; warmup left out)'
+        where = 'every batch, epochs and warmup marked' if prof.timeline is not None else 'the steady train batches in order (a file written without its timeline, as earlier versions wrote them: no epochs; warmup left out)'
         timelines = (f'<p class="note">{esc(where)}; {n:,} batches' + (f', drawn as at most {max_points:,} points a step (each stretch\'s shortest and longest batch)' if cut else '')
                      + '. Click a legend entry to show or hide a step; drag to zoom.</p>' + figure_html(fig, 'timeline-chart'))
     else: timelines = '<p class="note">No per-batch timings: the run was profiled with `keep_raw=False` (summaries only).</p>'

@@ -153,7 +153,7 @@ class ProfileResult:
         return timeline_frame(rec, host=host)
 
     def saved(self, learn, full:bool=True, timeline:bool|None=None) -> SavedProfile:
-        "This fit as every tool reads it and the JSON file holds it (`learn` gives the run's metadata); `full=False`: only what a comparison reads; `timeline` (default `full`): every batch with its epoch, for a page (never written)"
+        "This fit as every tool reads it and the JSON file holds it (`learn` gives the run's metadata); `full=False`: only what a comparison reads; `timeline` (default `full`): every batch with its epoch and warmup, for a page (the file keeps the train batches)"
         meta = run_metadata(learn, self.recorder.warmup, self.sync)
         if self.label is not None: meta[META.label] = self.label
         for f in self.features:

@@ -5,11 +5,12 @@
 # %% auto #0
 __all__ = ['FORMAT', 'VERSION', 'JSON_FORMAT', 'RESULT_COLS', 'KEY_COLS', 'PHASES', 'COMPARED', 'MAX_BYTES', 'MAX_VALUES',
            'MAX_DEPTH', 'MAX_ROWS', 'MAX_COLS', 'MAX_ENTRIES', 'SCHEMA', 'MAX_NAME', 'LABEL_ENV', 'META_FIELDS', 'META',
-           'METADATA_CHECKS', 'BUILTIN_METADATA', 'MetaField', 'SavedProfile', 'step_distributions', 'profile_of',
-           'as_profile', 'output_path', 'check_writable', 'atomic_write_text', 'encode_distributions', 'result_rows',
-           'result_value', 'jsonable', 'table_doc', 'profile_doc', 'save_profile', 'ProfileFileError', 'read_doc',
-           'migrate', 'metadata_record', 'metadata_schema', 'register_metadata', 'metadata_check', 'Checker',
-           'profile_from_doc', 'load_profile', 'load_json', 'other_file', 'load_profiles', 'read_runs']
+           'TIMELINE_KEPT', 'METADATA_CHECKS', 'BUILTIN_METADATA', 'MetaField', 'SavedProfile', 'step_distributions',
+           'profile_of', 'as_profile', 'output_path', 'check_writable', 'atomic_write_text', 'encode_distributions',
+           'encode_timeline', 'result_rows', 'result_value', 'jsonable', 'table_doc', 'profile_doc', 'save_profile',
+           'ProfileFileError', 'read_doc', 'migrate', 'metadata_record', 'metadata_schema', 'register_metadata',
+           'metadata_check', 'Checker', 'profile_from_doc', 'load_profile', 'load_json', 'other_file', 'load_profiles',
+           'read_runs']
 
 # %% ../nbs/36_saved.ipynb #dbeb7b3a
 import base64, binascii, importlib, json, math, os, stat, tempfile
@@ -28,7 +29,7 @@ KEY_COLS = RESULT_COLS[:3]
 PHASES = tuple(str(p) for p in Phase)
 COMPARED = (Step.ITERATION, Step.DRAW, Step.WAIT, Step.TRANSFER, Step.TRANSFORMS, Step.BATCH, Step.FORWARD, Step.PREDICT, Step.LOSS, Step.BACKWARD,
             Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER)  # the steps whose per-batch durations a run keeps; warmup and trace hold whole batches set apart
-MAX_BYTES = 256*2**20  # the largest file read: every step's durations of a million batches take about 70 MB
+MAX_BYTES = 256*2**20  # the largest file read: every step's durations of a million batches take about 70 MB, their timeline as much again
 MAX_VALUES = 2_000_000  # the most values (commas and brackets, counted before parsing) a file may hold: a run's durations are text, and 1,024 ranks' results about 600,000
 MAX_DEPTH, MAX_ROWS, MAX_COLS, MAX_ENTRIES = 32, 100_000, 1_000, 1_000  # metadata's nesting; a table's rows and columns; the distributions
 SCHEMA = Path(str(files('fastxtend_prof')/'run.schema.json'))  # this version's file as a JSON Schema, shipped with the package
@@ -72,7 +73,7 @@ class SavedProfile:
     lines:list=field(default_factory=list) # The features' lines under the report (FLOPs, memory, loader stages, ranks)
     tables:dict=field(default_factory=dict) # The features' own tables, by name (the loader stages)
     ranks:pd.DataFrame|None=None # Per-rank results of a distributed fit, with a `Rank` column
-    timeline:pd.DataFrame|None=None # In this process only, never written: every batch with its epoch (`learn.profile_timeline()`)
+    timeline:pd.DataFrame|None=None # Every batch with its epoch and warmup (`learn.profile_timeline()`): the file keeps the train batches (`TIMELINE_KEPT`)
 
 def step_distributions(rec:TimingRecorder) -> dict:
     "`{(phase, step): durations}` of `rec`: every steady batch's seconds (an array) with raw rows, the `StepSummary` without"
@@ -145,6 +146,8 @@ def atomic_write_text(path, text:str) -> Path:
     return path
 
 # %% ../nbs/36_saved.ipynb #81111a41
+def _b64(a, dtype:str) -> str: return base64.b64encode(np.ascontiguousarray(a, dtype).tobytes()).decode('ascii')
+
 def encode_distributions(dists:dict) -> dict:
     "`dists` (`step_distributions`) as JSON: raw durations as base64 float32 (4 bytes a batch), summaries as their numbers and non-empty bins"
     out = {}
@@ -153,8 +156,18 @@ def encode_distributions(dists:dict) -> dict:
             nz = np.flatnonzero(d.hist)
             out[f'{p}/{s}'] = dict(kind='summary', n=int(d.n), total=d.total, mean=d.mean, m2=d.m2, min=d.min, max=d.max,
                                    samples=d.samples, bins=nz.tolist(), counts=d.hist[nz].tolist())
-        else: out[f'{p}/{s}'] = dict(kind='raw', n=int(len(d)), float32=base64.b64encode(np.asarray(d, '<f4').tobytes()).decode('ascii'))
+        else: out[f'{p}/{s}'] = dict(kind='raw', n=int(len(d)), float32=_b64(d, '<f4'))
     return out
+
+TIMELINE_KEPT = (*map(str, COMPARED), 'total')  # the timeline's columns of seconds a file keeps, of the train batches: what the page draws
+
+def encode_timeline(tl:pd.DataFrame|None) -> dict|None:
+    ("The train batches of `tl` (`learn.profile_timeline()`) as JSON, in the order they ran: their count, each one's epoch "
+     "and iter (int32), warmup flag (uint8) and seconds of each step (float32, NaN where it did not run), base64; None without any")
+    t = None if tl is None else tl[tl.phase == str(Phase.TRAIN)]
+    if t is None or not len(t): return None
+    steps = {c: _b64(t[c].to_numpy(float), '<f4') for c in TIMELINE_KEPT if c in t and t[c].notna().any()}
+    return dict(n=len(t), epoch=_b64(t.epoch, '<i4'), iter=_b64(t['iter'], '<i4'), warmup=_b64(t.warmup.astype(bool), 'u1'), steps=steps)
 
 def result_rows(results:pd.DataFrame) -> dict:
     "`{(phase, step): {column: value}}`: each row of `results` (the first where one repeats), to read many rows' columns with one pass over the table (`result_value` each)"
@@ -189,7 +202,8 @@ def profile_doc(run:SavedProfile) -> dict:
     words = dict(title=str(run.title), advice=None if run.advice is None else [str(a) for a in run.advice], lines=[str(l) for l in run.lines])
     return dict(format=JSON_FORMAT, metadata=jsonable(run.metadata), report=words, columns=res['columns'], results=res['rows'],
                 distributions=encode_distributions(run.distributions), ranks=None if run.ranks is None else table_doc(run.ranks),
-                tables={str(k): table_doc(v) for k, v in run.tables.items()})
+                tables={str(k): table_doc(v) for k, v in run.tables.items()},
+                **({} if (tl := encode_timeline(run.timeline)) is None else dict(timeline=tl)))
 
 def save_profile(run:SavedProfile, path) -> Path:
     "Write `run` as JSON to `path` atomically (its folders made), missing values as null; returns the path"
@@ -408,11 +422,8 @@ class Checker:
         self.need(_number(n, 1, whole=True), f"{where}['n']", 'a whole number from 1 to 2**53', n)
         n = int(n)
         if v.get('kind') == 'raw':
-            b = v.get('float32')
-            self.need(isinstance(b, str) and len(b) == 4*math.ceil(4*n/3), f"{where}['float32']", f'{n:,} float32 values in base64 ({4*math.ceil(4*n/3):,} characters)', b)
-            try: d = np.frombuffer(base64.b64decode(b, validate=True), dtype='<f4').astype(np.float64)
-            except (binascii.Error, ValueError): raise _bad(self.source, f"{where}['float32']", 'base64 text', b) from None
-            self.need(np.isfinite(d).all() and (d >= 0).all(), f"{where}['float32']", 'durations that are finite and >= 0', b)
+            d = self.b64(v.get('float32'), f"{where}['float32']", n, '<f4').astype(np.float64)
+            self.need(np.isfinite(d).all() and (d >= 0).all(), f"{where}['float32']", 'durations that are finite and >= 0', v.get('float32'))
             return d
         self.need(v.get('kind') == 'summary', f"{where}['kind']", "'raw' or 'summary'", v.get('kind'))
         sm = StepSummary()
@@ -428,6 +439,29 @@ class Checker:
         sm.n = int(n)
         sm.hist[np.asarray(bins, dtype=np.int64)] = counts
         return sm
+
+    def b64(self, v, where:str, n:int, dtype:str) -> np.ndarray:
+        "`n` values of `dtype` in the base64 text `v`"
+        size = np.dtype(dtype).itemsize
+        self.need(isinstance(v, str) and len(v) == 4*math.ceil(size*n/3), where, f'{n:,} {np.dtype(dtype).name} values in base64 ({4*math.ceil(size*n/3):,} characters)', v)
+        try: return np.frombuffer(base64.b64decode(v, validate=True), dtype=dtype)
+        except (binascii.Error, ValueError): raise _bad(self.source, where, 'base64 text', v) from None
+
+    def timeline(self, v) -> pd.DataFrame:
+        "The train batches in the order they ran: epoch, iter, warmup and each kept step's seconds (NaN where it did not run)"
+        v = self.obj(v, 'timeline')
+        n = v.get('n')
+        self.need(_number(n, 1, whole=True) and n < 2**31, "timeline['n']", 'a whole number from 1 to 2**31', n)
+        cols = {k: self.b64(v.get(k), f'timeline[{k!r}]', n, dt).astype(np.int64) for k, dt in (('epoch', '<i4'), ('iter', '<i4'), ('warmup', 'u1'))}
+        self.need(((cols['epoch'] >= 0) & (cols['iter'] >= 0)).all(), "timeline['epoch']", 'epochs and iters >= 0', v.get('epoch'))
+        self.need(np.isin(cols['warmup'], (0, 1)).all(), "timeline['warmup']", 'flags of 0 or 1', v.get('warmup'))
+        df = pd.DataFrame(dict(phase=str(Phase.TRAIN), epoch=cols['epoch'], iter=cols['iter'], warmup=cols['warmup'].astype(bool)))
+        for k, b in self.obj(v.get('steps', {}), "timeline['steps']").items():
+            self.need(k in TIMELINE_KEPT, "timeline['steps']", f'steps of {list(TIMELINE_KEPT)}', k)
+            d = self.b64(b, f"timeline['steps'][{k!r}]", n, '<f4').astype(np.float64)
+            self.need(not (d < 0).any() and not np.isinf(d).any(), f"timeline['steps'][{k!r}]", 'seconds >= 0 (NaN where the step did not run)', b)
+            df[k] = d
+        return df
 
     def distributions(self, d) -> dict:
         "Per `phase/step`, that step's steady per-batch durations"
@@ -451,8 +485,9 @@ def profile_from_doc(doc, source:str='') -> SavedProfile:
         tables[k] = c.table(c.obj(t, _at('tables', k)), _at('tables', k))
     ranks = doc.get('ranks')
     if ranks is not None: ranks = c.results(c.obj(ranks, 'ranks'), 'ranks', (*RESULT_COLS, 'Rank'), 'columns', 'rows')
+    timeline = None if doc.get('timeline') is None else c.timeline(doc['timeline'])  # left out by files before it was kept
     return SavedProfile(c.results(doc), c.metadata(doc['metadata']), c.distributions(doc['distributions']), source,
-                        title, advice, lines, tables, ranks)
+                        title, advice, lines, tables, ranks, timeline)
 
 def load_profile(path) -> SavedProfile:
     "The run saved in the file at `path` (`save_profile`, `learn.profile(save_json=...)`), of any format from 1 on; a `ProfileFileError` (a `ValueError`) naming the file, the field and what was expected if it is not one"

@@ -368,7 +368,7 @@ def _save_files(self:SimpleProfilerCallback, learn, r:ProfileResult):
             for name, df in f.tables(r.payload(f.name)).items():
                 at = out['csv_name'].with_name(f"{out['csv_name'].stem}_{name}.csv")
                 saved.append((name, _write(save_results, df, at, f'{name} CSV')))
-    run = r.saved(learn, timeline='html' in out) if 'save_json' in out or 'html' in out else None  # the run as its file holds it, and its page shows it
+    run = r.saved(learn) if 'save_json' in out or 'html' in out else None  # the run as its file holds it, and its page shows it
     if 'save_json' in out: saved.append(('JSON', _write(save_profile, run, out['save_json'], 'JSON')))
     if 'plot' in out:  # a fit that stopped before its first batch has no steps to draw: the rest is written, and the line says so
         ran = r.results.Phase.isin([Phase.TRAIN, Phase.VALID]).any()

@@ -83,14 +83,14 @@ def test_a_fit_page_in_chromium(tmp_path):
 
 @needs_browser
 def test_a_comparison_page_from_the_command_line(tmp_path):
-    "`fastxtend-prof report NEW.json --baseline BASE.json -o page.html`: the comparison's verdict and table on the page; the hover names the batch"
+    "`fastxtend-prof report NEW.json --baseline BASE.json -o page.html`: the comparison's verdict and table on the page; the hover names the batch and its epoch, which the file keeps"
     for name in ('base', 'new'): fit(learner(), epochs=1, save_json=tmp_path/f'{name}.json')
     out = tmp_path/'cmp.html'
     p = subprocess.run([sys.executable, '-m', 'fastxtend_prof', 'report', tmp_path/'new.json', '--baseline', tmp_path/'base.json', '-o', out],
                        capture_output=True, text=True, timeout=TIMEOUT, env=env())
     assert p.returncode == 0 and 'Saved: page' in p.stdout, p.stdout + p.stderr
     seen = check_page(out, extra_panels=('comparison-table',))
-    assert 'steady batches' in seen['hover']  # from a file: the steady batches in order
+    assert ', epoch ' in seen['hover'] and 'epochs and warmup marked' in seen['text']  # from a file too: every batch, with its epoch
     doc = json.loads((tmp_path/'new.json').read_text())
     assert doc['report']['advice'] is not None  # the words of the report travel in the file
     p = subprocess.run([sys.executable, '-m', 'fastxtend_prof', 'report', tmp_path/'missing.json'], capture_output=True, text=True, timeout=TIMEOUT, env=env())
