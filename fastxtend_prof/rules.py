@@ -63,6 +63,8 @@ REMEDIES = dict(
                                 Step.TRANSFORMS, 0.8),
     foreach=Remedy("a torch optimizer with `foreach=True` through fastai's `OptimWrapper` (`learn.speed_find()` tries it)", _OPT % 'foreach', Step.OPT_STEP, 0.5),
     fused=Remedy("a torch optimizer with `fused=True` through fastai's `OptimWrapper`", _OPT % 'fused', Step.OPT_STEP, 0.7),
+    torch_optimizer=Remedy("torch's fused AdamW in place of fastai's Adam (`learn.speed_find(allow='torch_optimizer')` tries it)",
+                           step=Step.OPT_STEP, saves=0.7),
     zero_grad=Remedy('`zero_grad(set_to_none=True)` (a torch optimizer through `OptimWrapper` does it)', step=Step.ZERO_GRAD),
     loss=Remedy('a cheaper loss, or computing it under mixed precision', step=Step.LOSS),
     logging=Remedy('log less often, and move metrics or callbacks that work every batch out of the loop', step=Step.OTHER),
@@ -278,8 +280,11 @@ def opt_step_tip(ctx:dict, host:bool=True) -> str:
      "larger batch")
     name = ctx.get('optimizer') or ''
     if not name.startswith('torch.optim.'):
-        return _BIGGER + ("; fastai's own optimizers step each tensor in Python (torch's through `OptimWrapper` have "
-                          "fused kernels: a change of the numerics that `speed_find` does not try)" if host else '')
+        adam = "; fastai's own optimizers step each tensor in Python: " + (
+            "`learn.speed_find(allow='torch_optimizer')` tries torch's fused AdamW in place of fastai's Adam (a change "
+            "of the numerics: bias and normalization weights decay too)" if name == 'fastai Adam' else
+            "torch's through `OptimWrapper` have fused kernels (a change of the numerics `speed_find` tries only for Adam)")
+        return _BIGGER + (adam if host else '')
     if 'fused' in name: return _BIGGER
     if ctx.get('fused_ok', True): return "pass `fused=True` to the torch optimizer (one kernel for every tensor; `learn.speed_find()` tries it), or " + _BIGGER
     if 'foreach' not in name: return "pass `foreach=True` to the torch optimizer (`learn.speed_find()` tries it), or " + _BIGGER

@@ -5,12 +5,12 @@
 # %% auto #0
 __all__ = ['FORMAT', 'VERSION', 'JSON_FORMAT', 'RESULT_COLS', 'KEY_COLS', 'PHASES', 'COMPARED', 'MAX_BYTES', 'MAX_VALUES',
            'MAX_DEPTH', 'MAX_ROWS', 'MAX_COLS', 'MAX_ENTRIES', 'SCHEMA', 'MAX_NAME', 'LABEL_ENV', 'META_FIELDS', 'META',
-           'TIMELINE_KEPT', 'METADATA_CHECKS', 'BUILTIN_METADATA', 'MetaField', 'SavedProfile', 'step_distributions',
-           'profile_of', 'as_profile', 'output_path', 'check_writable', 'atomic_write_text', 'encode_distributions',
-           'encode_timeline', 'result_rows', 'result_value', 'jsonable', 'table_doc', 'profile_doc', 'save_profile',
-           'ProfileFileError', 'read_doc', 'migrate', 'metadata_record', 'metadata_schema', 'register_metadata',
-           'metadata_check', 'Checker', 'profile_from_doc', 'load_profile', 'load_json', 'other_file', 'load_profiles',
-           'read_runs']
+           'TIMELINE_KEPT', 'TIMELINE_INDEX', 'METADATA_CHECKS', 'BUILTIN_METADATA', 'MetaField', 'SavedProfile',
+           'step_distributions', 'profile_of', 'as_profile', 'output_path', 'check_writable', 'atomic_write_text',
+           'encode_distributions', 'encode_timeline', 'result_rows', 'result_value', 'jsonable', 'table_doc',
+           'profile_doc', 'save_profile', 'ProfileFileError', 'read_doc', 'migrate', 'metadata_record',
+           'metadata_schema', 'register_metadata', 'metadata_check', 'Checker', 'profile_from_doc', 'load_profile',
+           'load_json', 'other_file', 'load_profiles', 'read_runs']
 
 # %% ../nbs/36_saved.ipynb #dbeb7b3a
 import base64, binascii, importlib, json, math, os, stat, tempfile
@@ -160,6 +160,7 @@ def encode_distributions(dists:dict) -> dict:
     return out
 
 TIMELINE_KEPT = (*map(str, COMPARED), 'total')  # the timeline's columns of seconds a file keeps, of the train batches: what the page draws
+TIMELINE_INDEX = (('epoch', '<i4'), ('iter', '<i4'), ('warmup', 'u1'))  # its columns that place each batch (its loop, its number there, its warmup flag), as the file types them
 
 def encode_timeline(tl:pd.DataFrame|None) -> dict|None:
     ("The train batches of `tl` (`learn.profile_timeline()`) as JSON, in the order they ran: their count, each one's epoch "
@@ -167,7 +168,7 @@ def encode_timeline(tl:pd.DataFrame|None) -> dict|None:
     t = None if tl is None else tl[tl.phase == str(Phase.TRAIN)]
     if t is None or not len(t): return None
     steps = {c: _b64(t[c].to_numpy(float), '<f4') for c in TIMELINE_KEPT if c in t and t[c].notna().any()}
-    return dict(n=len(t), epoch=_b64(t.epoch, '<i4'), iter=_b64(t['iter'], '<i4'), warmup=_b64(t.warmup.astype(bool), 'u1'), steps=steps)
+    return dict(n=len(t), **{k: _b64(t[k].astype(bool) if dt == 'u1' else t[k], dt) for k, dt in TIMELINE_INDEX}, steps=steps)
 
 def result_rows(results:pd.DataFrame) -> dict:
     "`{(phase, step): {column: value}}`: each row of `results` (the first where one repeats), to read many rows' columns with one pass over the table (`result_value` each)"
@@ -452,10 +453,11 @@ class Checker:
         v = self.obj(v, 'timeline')
         n = v.get('n')
         self.need(_number(n, 1, whole=True) and n < 2**31, "timeline['n']", 'a whole number from 1 to 2**31', n)
-        cols = {k: self.b64(v.get(k), f'timeline[{k!r}]', n, dt).astype(np.int64) for k, dt in (('epoch', '<i4'), ('iter', '<i4'), ('warmup', 'u1'))}
-        self.need(((cols['epoch'] >= 0) & (cols['iter'] >= 0)).all(), "timeline['epoch']", 'epochs and iters >= 0', v.get('epoch'))
-        self.need(np.isin(cols['warmup'], (0, 1)).all(), "timeline['warmup']", 'flags of 0 or 1', v.get('warmup'))
-        df = pd.DataFrame(dict(phase=str(Phase.TRAIN), epoch=cols['epoch'], iter=cols['iter'], warmup=cols['warmup'].astype(bool)))
+        cols = {k: self.b64(v.get(k), f'timeline[{k!r}]', n, dt).astype(np.int64) for k, dt in TIMELINE_INDEX}
+        (e, _), (i, _), (w, _) = TIMELINE_INDEX
+        for k in (e, i): self.need((cols[k] >= 0).all(), f'timeline[{k!r}]', 'whole numbers >= 0', v.get(k))
+        self.need(np.isin(cols[w], (0, 1)).all(), f'timeline[{w!r}]', 'flags of 0 or 1', v.get(w))
+        df = pd.DataFrame({'phase': str(Phase.TRAIN), **{k: x.astype(bool) if k == w else x for k, x in cols.items()}})
         for k, b in self.obj(v.get('steps', {}), "timeline['steps']").items():
             self.need(k in TIMELINE_KEPT, "timeline['steps']", f'steps of {list(TIMELINE_KEPT)}', k)
             d = self.b64(b, f"timeline['steps'][{k!r}]", n, '<f4').astype(np.float64)

@@ -9,15 +9,16 @@ __all__ = ['TARGET_SHARE', 'MIN_PREDICTED', 'KNEE', 'SLACK', 'OVERSUBSCRIBE', 'S
            'SIZING_CONFIDENCE', 'SIZING_ROUNDS', 'steady_times', 'predict_workers', 'loader_wait', 'Fix', 'TuneContext',
            'tune_context', 'predict_cache', 'predict_resize_on_batch', 'predict_num_workers', 'predict_pin_memory',
            'predict_transforms_on_device', 'predict_channels_last', 'predict_mixed_precision', 'predict_batch_size',
-           'predict_threads', 'plan', 'bound_by', 'LearnerState', 'set_num_workers', 'set_pin_memory',
-           'set_transforms_device', 'set_optimizer_flag', 'set_channels_last', 'set_mixed_precision', 'set_threads',
-           'set_batch_size', 'set_item_cache', 'hold_item_cache', 'batch_resize', 'set_resize_on_batch', 'probe_resize',
-           'Strategy', 'register_strategy', 'allowed', 'probe_loader', 'probe_handoff', 'TrialEnd', 'set_aside',
-           'run_trial', 'without_last', 'pooled', 'SpeedResult', 'append_record', 'prediction_range', 'calibration',
-           'record_ranges', 'load_speed', 'keep_faster', 'halving', 'Turns', 'run_pairs', 'pair_order', 'trial_block']
+           'predict_torch_optimizer', 'predict_threads', 'plan', 'bound_by', 'LearnerState', 'set_num_workers',
+           'set_pin_memory', 'set_transforms_device', 'set_optimizer_flag', 'fastai_adam', 'set_torch_optimizer',
+           'set_channels_last', 'set_mixed_precision', 'set_threads', 'set_batch_size', 'set_item_cache',
+           'hold_item_cache', 'batch_resize', 'set_resize_on_batch', 'probe_resize', 'Strategy', 'register_strategy',
+           'allowed', 'probe_loader', 'probe_handoff', 'TrialEnd', 'set_aside', 'run_trial', 'without_last', 'pooled',
+           'SpeedResult', 'append_record', 'prediction_range', 'calibration', 'record_ranges', 'load_speed',
+           'keep_faster', 'halving', 'Turns', 'run_pairs', 'pair_order', 'trial_block']
 
 # %% ../nbs/17_tune.ipynb #298c8c3a
-import copy, gc, json, math, os, random, time
+import copy, functools, gc, inspect, json, math, os, random, time
 from dataclasses import MISSING, dataclass, field, fields, replace
 from pathlib import Path
 import numpy as np, pandas as pd, torch
@@ -332,7 +333,9 @@ def _predict_optimizer(flag:str):
         it, opt = times.get(Step.ITERATION, 0.), times.get(Step.OPT_STEP, 0.)
         if opt/it < TARGET_SHARE: return [], []
         if ctx.optimizer is None:
-            more = '' if 'batch_size' in allow else "; `allow='batch_size'` tries twice the batch, which shares it over more samples"
+            more = ''.join(f"; `allow='{k}'` {w}" for k, w in (('torch_optimizer', "tries torch's fused AdamW for fastai's Adam"),
+                           ('batch_size', 'tries twice the batch, which shares it over more samples'))
+                           if k not in allow and (k != 'torch_optimizer' or ctx.needs.get(k)))
             return [], ["optimizer step: fastai's own optimizer, which has no foreach/fused kernels to switch on"
                         + more] if flag == 'foreach' else []
         if ctx.fused or (flag == 'foreach' and ctx.foreach) or (flag == 'fused' and not ctx.fused_ok): return [], []
@@ -365,6 +368,16 @@ def predict_batch_size(times:dict, ctx:TuneContext, allow=()) -> tuple:
     per = sum(times.get(s, 0.) for s in (Step.OTHER, Step.OPT_STEP, Step.ZERO_GRAD))  # once a batch, whatever its size
     return [Fix('batch_size', 2*ctx.bs, Step.ITERATION, amdahl(it, per, SAVES['batch_size']),
                 'a larger batch shares the per-batch costs (the optimizer step, the callbacks, the loop) over more samples')], []
+
+def predict_torch_optimizer(times:dict, ctx:TuneContext, allow=()) -> tuple:
+    ("fastai's Adam swapped for torch's fused AdamW, when allowed (bias and normalization weights decay too), where "
+     "its step is `TARGET_SHARE` of the iteration or more")
+    it, opt = times.get(Step.ITERATION, 0.), times.get(Step.OPT_STEP, 0.)
+    if 'torch_optimizer' not in allow or ctx.optimizer is not None or opt/it < TARGET_SHARE: return [], []
+    if not ctx.needs.get('torch_optimizer'):
+        return [], ["torch optimizer: the Learner's optimizer is not fastai's Adam, the one `allow='torch_optimizer'` swaps"]
+    return [Fix('torch_optimizer', 'fused', Step.OPT_STEP, amdahl(it, opt, SAVES['torch_optimizer']),
+                f"fastai's Adam steps each tensor in Python: its step is {opt/it:.0%} of the iteration")], []
 
 def predict_threads(times:dict, ctx:TuneContext, allow=()) -> tuple:
     ("Fewer torch threads, where the training thread waited for a core `CORE_WAIT_SHARE` of the train loops or more "
@@ -528,6 +541,64 @@ def set_optimizer_flag(learn, flag:str, on:bool=True):
             # the old tensor, with the count now
             if p in inner.state: inner.state[p]['step'] = st.copy_(inner.state[p]['step'])
     return undo
+
+def fastai_adam(learn) -> dict|None:
+    ("What `learn.opt_func` makes when it is fastai's `Adam` (or a partial of it): whether its weight decay is "
+     "decoupled, and its momentum, squared momentum, eps and weight decay (the Learner's `wd` where set); None for "
+     "another optimizer, or where `learn.opt` is not fastai's Adam")
+    from fastai.optimizer import Adam, Optimizer
+    f, opt = getattr(learn, 'opt_func', None), getattr(learn, 'opt', None)
+    if (f.func if isinstance(f, functools.partial) else f) is not Adam: return None
+    if opt is not None:
+        names = [getattr(getattr(g, 'func', g), '__name__', '') for g in getattr(opt, 'cbs', [])]
+        if type(opt) is not Optimizer or names[1:] != ['average_grad', 'average_sqr_grad', 'step_stat', 'adam_step']: return None
+    kw = {k: p.default for k, p in inspect.signature(Adam).parameters.items() if p.default is not inspect.Parameter.empty}
+    kw.update(f.keywords if isinstance(f, functools.partial) else {})
+    if getattr(learn, 'wd', None) is not None: kw['wd'] = learn.wd
+    return dict(decoupled=bool(kw['decouple_wd']), mom=float(kw['mom']), sqr_mom=float(kw['sqr_mom']), eps=float(kw['eps']), wd=float(kw['wd']))
+
+def set_torch_optimizer(learn, kernel:str='fused'):
+    ("fastai's Adam on `learn` swapped for torch's AdamW (its Adam where the weight decay is L2) with `kernel` "
+     "('fused' or 'foreach') through fastai's `OptimWrapper`: the same parameter groups, hyper-parameters and state "
+     "(the averages shared, the step counts carried); returns the undo, which carries the counts back")
+    from fastai.optimizer import OptimWrapper
+    adam = fastai_adam(learn)
+    if adam is None: raise ValueError("`torch_optimizer` swaps fastai's Adam, and this Learner steps another optimizer")
+    if kernel not in ('fused', 'foreach'): raise ValueError(f"`kernel` is 'fused' or 'foreach', got {kernel!r}")
+    if learn.opt is None: learn.create_opt()
+    old = learn.opt
+    groups = [dict(params=list(ps), lr=h['lr'], betas=(h['mom'], h['sqr_mom']), eps=h['eps'], weight_decay=h['wd'])
+              for ps, h in zip(old.param_lists, old.hypers)]
+    # the Adam's own defaults as the torch optimizer's, which `_persist_torch_optimizer` keeps; each group's as it is now
+    inner = (torch.optim.AdamW if adam['decoupled'] else torch.optim.Adam)(
+        groups, betas=(adam['mom'], adam['sqr_mom']), eps=adam['eps'], weight_decay=adam['wd'], **{kernel: True})
+    for p, s in old.state.items():
+        if 'grad_avg' in s:  # stepped: torch's kernels keep the count as a float32 tensor, on the device where fused
+            step = torch.tensor(float(s['step']), dtype=torch.float32, device=p.device if kernel == 'fused' else 'cpu')
+            inner.state[p] = dict(step=step, exp_avg=s['grad_avg'], exp_avg_sq=s['sqr_avg'])
+    learn.opt = OptimWrapper(opt=inner)
+    learn.opt.frozen_idx = old.frozen_idx
+    def undo():
+        for p, s in inner.state.items():
+            old.state[p].update(grad_avg=s['exp_avg'], sqr_avg=s['exp_avg_sq'], step=int(s['step'].item()))
+        learn.opt = old
+    return undo
+
+def _keep_torch_optimizer(v, ctx) -> str:
+    "The `opt_func` that keeps torch's AdamW with the hyper-parameters of the Learner's fastai Adam"
+    a = ctx.needs.get('torch_optimizer') or {}
+    cls = 'AdamW' if a.get('decoupled', True) else 'Adam'
+    hp = f"betas=({a.get('mom', .9):g}, {a.get('sqr_mom', .99):g}), eps={a.get('eps', 1e-5):g}, weight_decay={a.get('wd', .01):g}"
+    return (f'build the Learner with `opt_func=partial(OptimWrapper, opt=torch.optim.{cls}, {hp}, {v}=True)`: fastai '
+            "Adam's hyper-parameters (its momentum scheduled as before), and bias and normalization weights decay too, "
+            "which fastai's Adam leaves alone (`wd_bn_bias=False`)")
+
+def _persist_torch_optimizer(learn, v):
+    "`learn.opt_func` as the kept optimizer, so that a Learner's new optimizer is it too"
+    from fastai.optimizer import OptimWrapper
+    a = learn.opt.opt
+    d = a.defaults
+    learn.opt_func = functools.partial(OptimWrapper, opt=type(a), betas=d['betas'], eps=d['eps'], weight_decay=d['weight_decay'], **{v: True})
 
 def set_channels_last(learn, on:bool=True):
     "The model in channels_last memory format, its values kept; returns the undo"
@@ -703,7 +774,10 @@ STRATEGIES = dict(  # in the order `plan` asks them; adding a fix is adding an e
     threads=Strategy(predict_threads, set_threads, 'last bits', 'torch threads={}'.format,
                      'call `torch.set_num_threads({v})` before training (or set `OMP_NUM_THREADS={v}`)', was=_field('threads'), check=_count(1)),
     batch_size=Strategy(predict_batch_size, set_batch_size, 'training', 'bs={}'.format, was=_field('bs'),
-                        check=_count(1)))
+                        check=_count(1)),
+    torch_optimizer=Strategy(predict_torch_optimizer, set_torch_optimizer, 'numerics', "torch's {} AdamW".format,
+                             _keep_torch_optimizer, needs=fastai_adam,
+                             check=lambda v: v in ('fused', 'foreach'), persist=_persist_torch_optimizer))
 for _k, _s in STRATEGIES.items(): _s.keep = _s.keep or REMEDIES[_k].keep
 CHANGES = {k: s.changes for k, s in STRATEGIES.items()}  # what the package's own fixes change besides the speed
 SETTERS = {k: s.apply for k, s in STRATEGIES.items()}  # the package's own fixes' setters

@@ -269,6 +269,25 @@ def test_foreach_is_tried_on_a_host_bound_optimizer_step():
     assert_same(before, snapshot(learn))
     assert all(g['foreach'] is False and g['fused'] is False for g in learn.opt.opt.param_groups)
 
+def test_torch_adamw_is_tried_for_fastais_adam_when_allowed():
+    """fastai's own Adam on 300 small parameters: the step is the bottleneck (a 20 ms sleep in it keeps it so under load,
+    as above). Without `allow` nothing of the optimizer is tried and the notes say what `allow='torch_optimizer'` would
+    try; with it, torch's fused AdamW is tried in fastai Adam's place, and the Learner is put back with its own Adam and
+    state"""
+    class Many(nn.Module):
+        def __init__(self): super().__init__(); self.ps = nn.ParameterList([nn.Parameter(torch.zeros(3)) for _ in range(300)])
+        def forward(self, x): return x[:, :1] + sum(p.sum() for p in self.ps[:2])
+    dls = DataLoaders.from_dsets(BusyItems(BS*45, 0), BusyItems(2*BS, 0), bs=BS, num_workers=0)
+    learn = Learner(dls, Many(), loss_func=nn.MSELoss(), cbs=SlowStep(20e-3))
+    with learn.no_bar(): learn.fit(1)
+    opt, before = learn.opt, snapshot(learn)
+    res = learn.speed_find(max_time=60, batches=30, show=False)
+    assert 'torch_optimizer' not in set(res.trials.Kind) and "allow='torch_optimizer'" in ' '.join(res.notes), res.text()
+    res = learn.speed_find(max_time=60, batches=30, allow='torch_optimizer', show=False)
+    assert "torch's fused AdamW" in set(res.trials.Change), res.text()
+    assert_same(before, snapshot(learn))
+    assert learn.opt is opt and type(opt).__name__ == 'Optimizer'
+
 # ---------------------------------------------------------------------------------------- the accelerator paths, faked
 GPU_CTX = dict(device='cuda', model_device=torch.device('cuda'), cores=8, fastai_loader=True, num_workers=4, pin_memory=False, n_batches=100,
                bs=64, dls_device=None, optimizer='AdamW', foreach=True, fused=False, fused_ok=True, conv=True, channels_last=False, mixed_precision=False)

@@ -24,6 +24,7 @@ ALLOWED = {
     ('saved.py', '', 'warmup'): "`META_FIELDS`' field for the `warmup` option, and its label in the warning that it differs",
     ('compare.py', 'compare', 'warmup'): "the metadata key for the `warmup` option of this fit, which the `Baseline` feature compares with the saved run's",
     ('plots.py', '', 'epoch'): "`timeline_frame`'s `epoch` column: the index of the loop a batch ran in, not the `epoch` span",
+    ('saved.py', '', 'epoch'): "`TIMELINE_INDEX`: the saved timeline's `epoch` column, `timeline_frame`'s, not the `epoch` span",
     ('plots.py', 'plot_timeline', 'epoch'): "the `gid` of the dashed lines where an epoch starts",
     ('flops.py', '_fake_copy', 'forward'): "a module's `forward` attribute (`model.forward = torch.compile(model.forward)`), not the step",
     ('events.py', 'watched_fit', 'fit'): "the name of `Learner.fit` among fastai's originals that `install` keeps",
