@@ -549,7 +549,7 @@ def test_a_fix_from_outside_the_package_is_tried_kept_saved_loaded_and_applied(t
     # JSON as any reader takes it: a measure not taken (the core wait, the loader's probe) is null, never NaN
     saved = json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f'{c} in {path.name}: not JSON'))
     assert saved['start']['loader_share'] is None and math.isnan(load_speed(path).start.loader_share), saved['start']
-    assert saved['start']['needs'] == {'pause': 0.04} and any(f['kind'] == 'pause' for f in saved['fixes']), saved
+    assert saved['start']['needs']['pause'] == 0.04 and any(f['kind'] == 'pause' for f in saved['fixes']), saved  # beside the package's own needs
     loaded = load_speed(path)
     assert loaded.apply_text() == res.apply_text()
     again = busy_learner(item=0., compute=40e-3, n_batches=30)  # the Learner built again, as a new session would
