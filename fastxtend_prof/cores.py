@@ -110,7 +110,7 @@ def core_wait(result, ctx:dict) -> list:
                "and the loader "
                f"{cw.workers} worker{'s' if cw.workers != 1 else ''} on {cw.cores} "
                f"core{'s' if cw.cores != 1 else ''}{ready}. "
-               "Every step's time includes that wait")
+               "Every step's time includes that wait.")
     if cw.threads > 1 and cw.threads + cw.workers > cw.cores:
         k = max(1, cw.cores - cw.workers)
         tip = (f"use fewer torch threads: `torch.set_num_threads({k})` before training (or `OMP_NUM_THREADS={k}`): "
