@@ -4,7 +4,7 @@
 
 # %% auto #0
 __all__ = ['DEVICES', 'ALPHA', 'MIN_CHANGE', 'MIN_SHARE', 'MIN_GAIN', 'ASKED', 'HISTORY_MIN_SHIFT', 'HISTORY_MIN_SHARE',
-           'NOISE_TRIALS', 'FORMATS']
+           'NOISE_TRIALS', 'FORMATS', 'demo_device', 'demo_threads']
 
 # %% ../nbs/33_defaults.ipynb #b3c83a31
 DEVICES = ('auto', 'cpu', 'cuda')  # where the demo trains: 'auto' is a CUDA GPU when torch sees one
@@ -15,3 +15,27 @@ HISTORY_MIN_SHIFT = 5.  # `history`: the least move of a step (percent of its ow
 HISTORY_MIN_SHARE = 1.  # ... and the least move of the batch's time, in percent of the iteration, worth one: a choice too (a part of a few microseconds moved by half is not worth a regression)
 NOISE_TRIALS = 16  # `noise_find`'s trials: records of 16 planned the pairs a change needs within a factor of 2.25 in 10 of 11 windows of real fits, of 8 in 14 of 24 (45_noise)
 FORMATS = ('text', 'md', 'json', 'bmf')  # what `report`, `compare` (not bmf) and `history --format` print (besides the page, 'html'): words, a pull request's markdown, the JSON summary, Bencher's format
+
+# %% ../nbs/33_defaults.ipynb #c5d1e7a3
+from typing import TYPE_CHECKING
+if TYPE_CHECKING: import torch  # for `demo_device`'s annotation: torch is imported only when it is called
+
+def demo_device(device:str='auto') -> 'torch.device':
+    "The device for `device`: 'auto' is CUDA when torch sees a GPU, else the CPU; ValueError for 'cuda' without one"
+    if device not in DEVICES: raise ValueError(f"`device` must be one of {', '.join(map(repr, DEVICES))}, got "
+                                               f"{device!r}")
+    import torch  # here: asking for CUDA needs torch (not fastai), and nothing before it does
+    if device == 'auto': device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    if device == 'cuda' and not torch.cuda.is_available():
+        raise ValueError(f"device 'cuda' was asked for, but torch {torch.__version__} sees no CUDA device (use "
+                         "'auto' or 'cpu')")
+    return torch.device(device)
+
+def demo_threads(num_workers:int, device) -> int|None:
+    ("torch's threads for the demo on `device`: on a CPU, the cores its `num_workers` loader workers leave, at least "
+     "one (torch's default threads beside the workers fought them for the cores: identical demo runs 4,026 to 359 "
+     "samples/s on a busy 2-core machine); None (torch's own) on an accelerator or where `OMP_NUM_THREADS` says")
+    import os
+    if getattr(device, 'type', device) != 'cpu' or 'OMP_NUM_THREADS' in os.environ: return None
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)
+    return max(1, cores - num_workers)
