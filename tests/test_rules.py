@@ -343,7 +343,7 @@ def test_host_overhead_against_arithmetic_on_an_injected_clock(sync_mode, monkey
     """The rule's two sides exactly, where load cannot reach: a fastai optimizer whose step spends, on the clock the
     profile and the probe share, a fixed cost per tensor and a cost per value. 80 tensors at 50 us each are its host
     overhead (the probe on one-element tensors costs what the fit's step costs): the rule speaks. Two tensors of a million
-    values at 4 ns a value are its arithmetic (the probe 0.5% of the step): the rule is silent"""
+    values at 4 ns a value are its arithmetic (the probe 0.2% of the step): the rule is silent"""
     from fastai.optimizer import Optimizer
     from fastxtend_prof import rules
     clock = ManualClock()
