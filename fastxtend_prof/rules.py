@@ -301,7 +301,7 @@ def _fastest(result, step:Step) -> float:
     "The fastest steady train batch's `step`, as the probe's fastest step (load only adds); the median where no batches were kept"
     rec = result.rows
     if rec is not None:
-        d = phase_intervals(rec.tables[Phase.TRAIN], rec.warmup, TRAIN_STEPS)[step][0]
+        d = phase_intervals(rec.tables[Phase.TRAIN], rec.warmup, (step,))[step][0]  # that step's alone
         d = d[np.isfinite(d)]
         if d.size: return float(d.min())
     return float(_rows(result)[step][Cols.MEDIAN])
