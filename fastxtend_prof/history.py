@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['HISTORY_STEPS', 'LEAVES', 'DRAWS', 'MIN_SIDE', 'MIN_RUNS', 'HALF_RUNS', 'MIN_SHIFT', 'MIN_SHARE', 'TAIL', 'VERDICTS',
-           'step_estimate', 'run_name', 'Series', 'series_of', 'scan', 'null_draws', 'Change', 'own_changes',
-           'change_points', 'Verdict', 'gate', 'History', 'history', 'passed_over', 'setting_changes', 'accepted_runs',
-           'history_table', 'change_text', 'verdict_text', 'latest_text', 'history_text', 'regressed', 'history_figure',
-           'history_page']
+           'step_estimate', 'run_name', 'Series', 'core_stretch', 'series_of', 'scan', 'null_draws', 'Change',
+           'own_changes', 'change_points', 'Verdict', 'gate', 'History', 'history', 'passed_over', 'setting_changes',
+           'accepted_runs', 'history_table', 'change_text', 'verdict_text', 'latest_text', 'spread_text',
+           'history_text', 'regressed', 'history_figure', 'history_page']
 
 # %% ../nbs/37_history.ipynb #7c42ee7e
 import math, os
@@ -19,7 +19,7 @@ from .report import STEP_COLORS, format_duration, format_pct, text_table, text_w
 from .saved import META, SavedProfile, as_profile, load_profiles
 from .stats import BLOCK  # noqa: F401  (read from here too)
 from .stats import (CHANGE, CI_HIGH, CI_LOW, MOST_RUNS, P_VALUE, Estimate, adjusted_p, between, compare,
-                                  estimate, halves, level, null_max, student, scan as _scan, segment)
+                                  estimate, halves, level, null_max, student, scan as _scan, segment, typical)
 from .advice import fill_text
 from .defaults import ALPHA, HISTORY_MIN_SHIFT, HISTORY_MIN_SHARE
 from .compare import COMPARED_SETTINGS
@@ -57,13 +57,20 @@ def run_name(run:SavedProfile) -> str:
 
 @dataclass
 class Series:
-    ("The runs of a history side by side: per run and step, the mean seconds a steady batch and its standard error, "
-     "and the values the tests read")
+    ("The runs of a history side by side: per run and step, the level the tests read (the iteration's mean a steady "
+     "batch, the run's wait for a core taken out; each part's typical batch) with its standard error, and the mean "
+     "a steady batch as timed")
     runs:list # The `SavedProfile`s, oldest first
     steps:list # The train steps every run timed, the iteration first, then its parts in `HISTORY_STEPS` order
-    mean:np.ndarray # runs × steps: mean seconds a steady batch
-    se:np.ndarray # runs × steps: its standard error (`stats.estimate`)
+    mean:np.ndarray # runs × steps: the level, seconds a batch (the iteration's mean, adjusted; a part's median)
+    se:np.ndarray # runs × steps: its standard error (`stats.estimate`, `stats.typical`)
     df:np.ndarray|None=None # runs × steps: the degrees of freedom of `se`
+    timed:np.ndarray|None=None # runs × steps: mean seconds a steady batch, as timed (`mean` where not given)
+    timed_se:np.ndarray|None=None # runs × steps: its standard error
+    adjusted:bool=False # Whether the iteration's level has the runs' wait for a core taken out (`core_stretch`)
+
+    def __post_init__(self):
+        if self.timed is None: self.timed, self.timed_se = self.mean, self.se
 
     def tested(self) -> tuple:
         ("`(x, v)`, steps × runs: the log of the iteration's time, and of each part's time against the rest of the "
@@ -76,8 +83,26 @@ class Series:
         return x.T, v.T
 
     def own(self) -> tuple:
-        "`(x, v)`, steps × runs: the log of each step's own time a batch and its variance"
+        "`(x, v)`, steps × runs: the log of each step's own level and its variance"
         return np.log(self.mean).T, ((self.se/self.mean)**2).T
+
+    def spread(self) -> pd.DataFrame:
+        ("Per step, how far a run's time is from the one before, as the spread of one run (percent, log scale, from "
+         "successive differences, which a change point moves once): `Timed %` (the mean as timed) and `Level %` "
+         "(what the tests read)")
+        sd = lambda a: 100*np.sqrt(np.mean(np.diff(np.log(a), axis=0)**2, axis=0)/2) if len(a) > 1 else np.full(a.shape[1], np.nan)
+        return pd.DataFrame({'Timed %': sd(self.timed), 'Level %': sd(self.mean)}, index=pd.Index(self.steps, name='Step'))
+
+def core_stretch(runs:list) -> np.ndarray|None:
+    ("Per run, how much the wait for a core stretched its train loops, as a log: `log(train_s/(train_s - queued_s))` "
+     "of its `cores` record; None where a run has none (an older file, an injected clock, not Linux)")
+    out = []
+    for r in runs:
+        c = r.metadata.get('cores') if isinstance(r.metadata.get('cores'), dict) else {}
+        t, q = c.get('train_s'), c.get('queued_s')
+        if not (isinstance(t, (int, float)) and isinstance(q, (int, float)) and 0 <= q < t): return None
+        out.append(math.log(t/(t - q)))
+    return np.array(out)
 
 def _leaves(steps) -> list:
     ("The parts of the batch among `steps`: the draw's parts where the loop timed them (else the draw), and the "
@@ -87,16 +112,25 @@ def _leaves(steps) -> list:
 
 def series_of(runs:list) -> Series:
     ("The `Series` of `runs` (`SavedProfile`s, oldest first): the iteration and the parts of it every run timed batch "
-     "by batch, with time and spread in every run; each run read once")
-    per = [{s: estimate(d) for (p, s), d in r.distributions.items() if p == Phase.TRAIN} for r in runs]
+     "by batch, with time and spread in every run, each part by its typical batch, the iteration by its mean with "
+     "the runs' wait for a core taken out (`core_stretch`); each run read once")
+    it = str(Step.ITERATION)
+    per = [{s: (estimate if s == it else typical)(d) for (p, s), d in r.distributions.items() if p == Phase.TRAIN}
+           for r in runs]
     steps = [str(s) for s in HISTORY_STEPS if all(str(s) in e for e in per)]
     empty = lambda: Series(list(runs), [], np.zeros((len(runs), 0)), np.zeros((len(runs), 0)), np.zeros((len(runs), 0)))
-    if str(Step.ITERATION) not in steps: return empty()
+    if it not in steps: return empty()
     mean, se, df = (np.array([[getattr(e[s], a) for s in steps] for e in per], float) for a in ('mean', 'se', 'df'))
+    timed = [[estimate(r.distributions[(Phase.TRAIN, s)]) for s in steps] for r in runs]
+    timed, timed_se = (np.array([[getattr(e, a) for e in row] for row in timed], float) for a in ('mean', 'se'))
+    stretch = core_stretch(runs)
+    if stretch is not None:  # the time a batch had the thread not waited for a core, its relative error kept
+        mean[:, 0], se[:, 0] = mean[:, 0]*np.exp(-stretch), se[:, 0]*np.exp(-stretch)
     # time, spread, and a rest of the iteration in every run
     ok = np.all((mean > 0) & np.isfinite(se) & (se > 0) & ((mean < mean[:, :1]) | (np.arange(len(steps)) == 0)), axis=0)
     if not ok[0]: return empty()
-    return Series(list(runs), [s for s, k in zip(steps, ok) if k], mean[:, ok], se[:, ok], df[:, ok])
+    return Series(list(runs), [s for s, k in zip(steps, ok) if k], mean[:, ok], se[:, ok], df[:, ok], timed[:, ok],
+                  timed_se[:, ok], stretch is not None)
 
 # %% ../nbs/37_history.ipynb #28934865
 def scan(x, v, min_side:int=MIN_SIDE) -> tuple:
@@ -497,7 +531,7 @@ def history_table(h:History) -> pd.DataFrame:
                         'When': [str(r.metadata.get(META.timestamp) or '')[:16].replace('T', ' ') for r in h.runs],
                         'Samples/s': rate,
                         'Change': ['▶' if i in starts else '' for i in range(len(h.runs))]})
-    return pd.concat([out, pd.DataFrame(h.series.mean, columns=h.series.steps)], axis=1)
+    return pd.concat([out, pd.DataFrame(h.series.timed, columns=h.series.steps)], axis=1)
 
 def _pct(v:float) -> str: return format_pct(v, 1, signed=True)
 
@@ -543,6 +577,18 @@ def latest_text(h:History, step:str=str(Step.ITERATION)) -> str:
     latest = h.latest if step == str(Step.ITERATION) or h.latest is None else gate(h, 0., f'train/{step}')
     return verdict_text(h, latest)
 
+def spread_text(h:History) -> str:
+    ("How far a run is from the one before, each step as timed and as the tests read it: the machine's speed taken "
+     "out, in words")
+    sp, s = h.series.spread(), h.series
+    if len(s.runs) < 3: return ''
+    said = lambda st: f"{st} {sp.loc[st, 'Timed %']:.1f}% → {sp.loc[st, 'Level %']:.1f}%"
+    it = str(Step.ITERATION)
+    how = 'its mean, the wait for a core taken out' if s.adjusted else 'its mean (no wait for a core recorded)'
+    parts = [said(st) for st in s.steps if st != it]
+    return (f"Spread between runs (a run against the one before, log scale), as timed → as tested: {said(it)} "
+            f"({how})" + (f"; each part by its typical (median) batch: {', '.join(parts)}" if parts else '') + '.')
+
 def history_text(h:History, width:int|None=None) -> str:
     "The runs as a table, the change points and the latest run's verdict, in `width` columns"
     width = width or text_width()
@@ -557,8 +603,9 @@ def history_text(h:History, width:int|None=None) -> str:
             'and split tested at once '
             f'against {h.draws:,} series drawn without a change; level {h.alpha:g}, a step moved {h.min_shift:g}% or '
             f'more and the batch {h.min_share:g}% of the iteration; '
-            f'each step\'s own change, {h.confidence:.0%} intervals):')
+            f'each step\'s own change: the iteration\'s mean, a part\'s typical batch; {h.confidence:.0%} intervals):')
     changes = [fill_text('  ' + change_text(h, c), width, subsequent_indent='    ') for c in h.changes]
+    lines += [fill_text(spread_text(h), width)] if len(h.runs) >= 3 else []
     lines += [fill_text(head, width)] + (changes or ['  none'])
     lines += [fill_text(latest_text(h), width, subsequent_indent='    ')]
     lines += [fill_text(f'note: {n}', width) for n in h.notes]
@@ -577,7 +624,7 @@ def history_figure(h:History):
     go, _, _ = plotly_modules()
     fig, x, names = go.Figure(), np.arange(1, len(h.runs) + 1), [run_name(r) for r in h.runs]
     for j, s in enumerate(h.series.steps):
-        m, e = h.series.mean[:, j]*1e3, 1.96*h.series.se[:, j]*1e3
+        m, e = h.series.timed[:, j]*1e3, 1.96*h.series.timed_se[:, j]*1e3
         fig.add_scatter(x=x, y=m, error_y=dict(type='data', array=e, visible=True), mode='lines+markers', name=s, line_color=STEP_COLORS.get(s),
                         customdata=names, visible=True if j < 3 else 'legendonly',
                         hovertemplate=f'run %{{x}} (%{{customdata}})<br>{s}: %{{y:.3f}} ms<extra></extra>')

@@ -126,7 +126,7 @@ def history_summary(h:History, gate:Verdict|None=None) -> dict:
     "`h` as a JSON summary of format `SUMMARY_FORMAT`; `gate`: the verdict the command gated on (`history.gate`), where it did"
     rate = lambda r: _rate(r.results, Phase.FIT, Step.TRAIN)
     runs = [dict(name=run_name(r), label=r.metadata.get(META.label), timestamp=r.metadata.get(META.timestamp), samples_per_s=rate(r),
-                 steps=dict(zip(h.series.steps, h.series.mean[i]))) for i, r in enumerate(h.runs)]
+                 steps=dict(zip(h.series.steps, h.series.timed[i]))) for i, r in enumerate(h.runs)]
     changes = [dict(run=c.at + 1, name=run_name(h.runs[c.at]), p_value=c.p, step=c.step, steps=[_change(s, r) for s, r in c.table.iterrows()])
                for c in h.changes]
     return jsonable(dict(format=SUMMARY_FORMAT, kind='history', alpha=h.alpha, min_shift_pct=h.min_shift, min_share_pct=h.min_share, runs=runs, changes=changes,
@@ -141,7 +141,7 @@ def history_markdown(h:History, gate:Verdict|None=None, last:int=10) -> str:
     for i in range(max(0, len(h.runs) - last), len(h.runs)):
         r = h.runs[i]
         rate = _rate(r.results, Phase.FIT, Step.TRAIN)
-        cells = [format_duration(h.series.mean[i, h.series.steps.index(s)]) for s in show]
+        cells = [format_duration(h.series.timed[i, h.series.steps.index(s)]) for s in show]
         lines.append(f"| {'▶ ' if i in starts else ''}{i + 1} | {_md(run_name(r))} | {'' if rate is None else f'{rate:,.0f}'} | " + ' | '.join(cells) + ' |')
     lines += ['', '**Change points**', ''] + ([f'- {_md(change_text(h, c))}' for c in h.changes] or ['- none'])
     if gate is not None: lines += ['', f"**Gate: {gate.kind}** ({'FAILED' if gate.failed else 'not enough runs to judge' if gate.kind == VERDICTS[2] else 'passed'}): "
