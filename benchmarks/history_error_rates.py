@@ -1,7 +1,9 @@
 """How often `fastxtend-prof history` raises a false alarm, and how often it finds a real slowdown, on real profiled fits.
 
-Series of `--runs` profiled fits of one Learner, each fit a run saved as its JSON file would be, then `history` on the
-series. Two workloads (`--work`):
+Series of `--runs` profiled fits, each of a new Learner (the same seed, so the same model and data) and each a run
+saved as its JSON file would be, then `history` on the series. A new Learner each run, as each run of a team's history
+is a new process: one Learner's fits in a row draw slower and slower (the collate's lower quartile from 297 to 366 us
+over five fits on a quiet machine), which a history rightly reports. Two workloads (`--work`):
 
 - `sleep` (the default): each step's work is a known wait (forward 6 ms, backward 8 ms, the optimizer step 4 ms, the
   draw 3 ms a batch, as the test suite emulates work), around fastai's own loop and a linear model's real compute;
@@ -20,7 +22,10 @@ short sleep overshoots). Found: a change point within one run of the injection
   that names that step (for the draw, its part `wait`, where the loader's collate runs, is named too).
 
 Each series is judged with the history's default `--min-shift` and, on the same runs, with each other value of
-`--min-shift` given. Each rate comes with its 95% Clopper-Pearson interval.
+`--min-shift` given. Each rate comes with its 95% Clopper-Pearson interval. Then each step's spread between runs (a run
+against the one before, the median over the A/A series) as timed and as the history tests it (the iteration's mean
+with the run's wait for a core taken out, each part by its lower quartile). `--judge OUT --keep DIR` judges the
+series of an earlier run again, with this version's history, without running a fit (its Otava results kept).
 
 Beside it, on the same runs:
 
@@ -32,21 +37,25 @@ Beside it, on the same runs:
 - **`compare`** on the A/A series' consecutive runs (9 pairs a series of 10): how often it says the train iteration
   got slower (its `Result`, thresholds included), against its level `alpha`; and how often its test alone does
   (p under `alpha`, slower). Series of both kinds alternate, so a slow drift of the machine
-falls on both. Usage (about 10 minutes on a quiet 2-core machine with the defaults):
+falls on both. Usage (about 10 minutes on a quiet 2-core machine with the defaults; the `compute` series of 10 runs
+about 2 minutes, of 15 about 4, under CI's load: `../shared/tools/under-load -n 2` on 2 cores, or with other jobs
+coming and going, `../shared/tools/under-varying-load -n 4`, before `python`):
 
     python benchmarks/history_error_rates.py --series 30 --runs 10 --work sleep
-    python benchmarks/history_error_rates.py --series 30 --runs 10 --work compute
+    python benchmarks/history_error_rates.py --series 20 --runs 15 --work compute --otava /tmp/otava/bin/python --keep K --out K.json
+    python benchmarks/history_error_rates.py --judge K.json --keep K
 """
 import argparse, json, os, subprocess, tempfile, time
 from pathlib import Path
 os.environ.setdefault('OMP_NUM_THREADS', '1')
-import numpy as np, torch
+import numpy as np, pandas as pd, torch
 from torch import nn
 from scipy import stats as sps
 from fastai.basics import Learner, DataLoaders, CrossEntropyLossFlat
 from fastai.callback.core import Callback
 import fastxtend_prof.all  # noqa: F401  (adds `learn.profile`)
-from fastxtend_prof.history import MIN_SHIFT, history, change_text
+from fastxtend_prof.history import MIN_SHIFT, change_text, history, series_of
+from fastxtend_prof.saved import load_profiles
 from fastxtend_prof.compare import compare_profiles
 from fastxtend_prof.defaults import ALPHA
 from fastxtend_prof.saved import save_profile
@@ -106,22 +115,32 @@ def judged(saved:list, step:str|None, at:int|None, min_shift:float) -> dict:
 def one_series(runs:int, batches:int, step:str|None, at:int|None, slowdown:float, seed:int, work:str='sleep', min_shifts=(MIN_SHIFT,), keep:Path|None=None) -> dict:
     "`runs` profiled fits of one Learner, each a saved run; from run `at` on, `step` slowed by `slowdown` of its first-run mean; judged at each of `min_shifts` (the first the default)"
     extra = Extra(SLEEPS if work == 'sleep' else None)
-    learn = learner(extra, batches, seed=seed)
     saved, first = [], {}
     for i in range(runs):
         if step is not None and i == at: extra.step, extra.seconds = step, slowdown*first[step]
+        # a new Learner each run, as each run of a team's history is a new process: one Learner's fits in a row draw
+        # slower and slower (its collate's lower quartile 297 -> 366 us over five fits on a quiet machine)
+        learn = learner(extra, batches, seed=seed)
         learn.profile(show_report=False, logger_callback=None, label=f'run{i + 1}')
         with learn.no_logging(): learn.fit(1)
         run = learn.profile_result.saved(learn, full=False)
         saved.append(run)
         if keep: save_profile(run, keep/f'run{i + 1:02d}.json')
         if i == 0: first = {s: float(np.mean(run.distributions[('train', s)])) for s in STEPS}
+    return dict(**judge_runs(saved, step, at, min_shifts), **otava_and_compare(saved, step))
+
+def judge_runs(saved:list, step:str|None, at:int|None, min_shifts) -> dict:
+    "The history's verdicts on the runs `saved` of one series at each of `min_shifts` (the first the default), and its steps' spreads between runs"
     by = {m: judged(saved, step, at, m) for m in min_shifts}
+    spread = {k: {st: float(v) for st, v in col.items()} for k, col in series_of(saved).spread().items()}  # a run against the one before
+    return dict(step=step, at=at, **by[min_shifts[0]], spread=spread, by_min_shift={str(m): {k: r[k] for k in ('alarm', 'found')} for m, r in by.items()})
+
+def otava_and_compare(saved:list, step:str|None) -> dict:
+    "What Otava is fed (each step's mean a batch, a value a run) and `compare` on consecutive runs of an A/A series"
     names = [k[1] for k in saved[0].distributions if k[0] == 'train']
     means = {st: [float(np.mean(r.distributions[('train', st)])) for r in saved] for st in names}  # what Otava is fed: a metric per step, a value per run
     pairs = [] if step is not None else [compare_profiles(a, b, within_run=True).set_index(['Phase', 'Step']).loc[('train', 'iteration')] for a, b in zip(saved, saved[1:])]
-    return dict(step=step, at=at, **by[min_shifts[0]], by_min_shift={str(m): {k: r[k] for k in ('alarm', 'found')} for m, r in by.items()}, means=means,
-                compare=[dict(result=str(c['Result']), p=float(c['p-value']), change=float(c['Change %'])) for c in pairs])
+    return dict(means=means, compare=[dict(result=str(c['Result']), p=float(c['p-value']), change=float(c['Change %'])) for c in pairs])
 
 OTAVA = '''
 import json, sys
@@ -160,12 +179,22 @@ def main():
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out', help='write every series as JSON here')
     p.add_argument('--keep', help="save every run's file in this folder (a folder a series: aa-07/, slowdown-07/), to judge the series again with `fastxtend-prof history`")
+    p.add_argument('--judge', metavar='OUT', help="judge again, with this version's history, the series of an earlier run: its --out JSON, with its --keep folder given as --keep (no fits run; its Otava results kept)")
     p.add_argument('--otava', metavar='PYTHON', help='a Python with apache-otava installed: judge the same runs with Apache Otava too')
     a = p.parse_args()
     torch.set_num_threads(1)
     rng, t0, aa, ab = np.random.default_rng(a.seed), time.time(), [], []
-    learner(Extra(SLEEPS if a.work == 'sleep' else None), 4).fit(1)  # the process's first fit pays one-off costs
-    for i in range(a.series):
+    if a.judge:
+        if not a.keep: p.error('--judge needs the earlier run\'s --keep folder')
+        old = json.loads(Path(a.judge).read_text())
+        for k in ('series', 'runs', 'batches', 'slowdown', 'work'): setattr(a, k, old['args'][k])
+        for kind, rows, into in (('aa', old['aa'], aa), ('slowdown', old['slowdown'], ab)):
+            for i, r in enumerate(rows):
+                saved = load_profiles(sorted(str(f) for f in Path(a.keep, f'{kind}-{i + 1:02d}').glob('run*.json')))
+                into.append({**r, **judge_runs(saved, r['step'], r['at'], a.min_shift)})
+        a.otava = None
+    else: learner(Extra(SLEEPS if a.work == 'sleep' else None), 4).fit(1)  # the process's first fit pays one-off costs
+    for i in range(0 if a.judge else a.series):
         keep = lambda kind: Path(a.keep, f'{kind}-{i + 1:02d}') if a.keep else None
         aa.append(one_series(a.runs, a.batches, None, None, a.slowdown, i, a.work, a.min_shift, keep('aa')))
         step, at = STEPS[i % len(STEPS)], int(rng.integers(2, a.runs - 2))
@@ -185,9 +214,17 @@ def main():
         k = str(m)
         print(f'With --min-shift {m:g}: A/A false alarms {rate(sum(r["by_min_shift"][k]["alarm"] for r in aa), len(aa))}; '
               f'found {rate(sum(r["by_min_shift"][k]["found"] for r in ab), len(ab))}')
+    timed, tested = (pd.DataFrame([r['spread'][k] for r in aa]).median() for k in ('Timed %', 'Level %'))
+    print("Spread between runs (a run against the one before, log scale; median over the A/A series), as timed -> as tested "
+          "(the iteration's wait for a core taken out, each part by its lower quartile):")
+    print('  ' + ', '.join(f'{st} {timed[st]:.1f}% -> {tested[st]:.1f}%' for st in tested.index))
     cmp = [c for r in aa for c in r['compare']]
     slower, test = sum(c['result'] == 'slower' for c in cmp), sum(c['p'] < ALPHA and c['change'] > 0 for c in cmp)
     print(f'compare on consecutive A/A runs (level {ALPHA:g}): says slower {rate(slower, len(cmp))}; its test alone, slower {rate(test, len(cmp))}')
+    if any('otava' in r for r in aa + ab) and not a.otava:
+        hit = lambda r: any(abs(i - r['at']) <= 1 and st in NAMED.get(r['step'], (r['step'],)) for i, st in r['otava'])
+        print(f"Apache Otava 0.8.0 (the earlier run's) on the same runs: A/A false alarms {rate(sum(bool(r['otava']) for r in aa), len(aa))}; "
+              f"found and in the slowed step's series {rate(sum(hit(r) for r in ab), len(ab))}")
     if a.otava:
         cps = otava(a.otava, [r['means'] for r in aa + ab])
         for r, c in zip(aa + ab, cps): r['otava'] = c

@@ -10,7 +10,7 @@ __all__ = ['HISTORY_STEPS', 'LEAVES', 'DRAWS', 'MIN_SIDE', 'MIN_RUNS', 'HALF_RUN
            'history_text', 'regressed', 'history_figure', 'history_page']
 
 # %% ../nbs/37_history.ipynb #7c42ee7e
-import math, os
+import math, os, warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, pandas as pd
@@ -19,7 +19,7 @@ from .report import STEP_COLORS, format_duration, format_pct, text_table, text_w
 from .saved import META, SavedProfile, as_profile, load_profiles
 from .stats import BLOCK  # noqa: F401  (read from here too)
 from .stats import (CHANGE, CI_HIGH, CI_LOW, MOST_RUNS, P_VALUE, Estimate, adjusted_p, between, compare,
-                                  estimate, halves, level, null_max, student, scan as _scan, segment, typical)
+                                  estimate, halves, level, null_max, student, scan as _scan, segment, quartile)
 from .advice import fill_text
 from .defaults import ALPHA, HISTORY_MIN_SHIFT, HISTORY_MIN_SHARE
 from .compare import COMPARED_SETTINGS
@@ -58,12 +58,12 @@ def run_name(run:SavedProfile) -> str:
 @dataclass
 class Series:
     ("The runs of a history side by side: per run and step, the level the tests read (the iteration's mean a steady "
-     "batch, the run's wait for a core taken out; each part's typical batch) with its standard error, and the mean "
+     "batch, the run's wait for a core taken out; each part's lower quartile) with its standard error, and the mean "
      "a steady batch as timed")
     runs:list # The `SavedProfile`s, oldest first
     steps:list # The train steps every run timed, the iteration first, then its parts in `HISTORY_STEPS` order
-    mean:np.ndarray # runs × steps: the level, seconds a batch (the iteration's mean, adjusted; a part's median)
-    se:np.ndarray # runs × steps: its standard error (`stats.estimate`, `stats.typical`)
+    mean:np.ndarray # runs × steps: the level, seconds a batch (the iteration's mean, adjusted; a part's lower quartile)
+    se:np.ndarray # runs × steps: its standard error (`stats.estimate`, `stats.quartile`)
     df:np.ndarray|None=None # runs × steps: the degrees of freedom of `se`
     timed:np.ndarray|None=None # runs × steps: mean seconds a steady batch, as timed (`mean` where not given)
     timed_se:np.ndarray|None=None # runs × steps: its standard error
@@ -73,13 +73,15 @@ class Series:
         if self.timed is None: self.timed, self.timed_se = self.mean, self.se
 
     def tested(self) -> tuple:
-        ("`(x, v)`, steps × runs: the log of the iteration's time, and of each part's time against the rest of the "
-         "iteration; their variances (the delta method)")
-        it, se_it = self.mean[:, :1], self.se[:, :1]
-        rest = it - self.mean
-        rest[:, 0], se_rest = 1., np.sqrt(se_it**2 + self.se**2)  # (the iteration itself is not divided)
-        x = np.log(self.mean) - np.log(rest)
-        v = (self.se/self.mean)**2 + np.where(np.arange(len(self.steps)) > 0, (se_rest/rest)**2, 0.)
+        ("`(x, v)`, steps × runs: the log of the iteration's level, and of each part's against the rest of the "
+         "batch (the other parts' levels, summed); their variances (the delta method)")
+        leaves = np.isin(self.steps, _leaves(self.steps))
+        total, total_var = self.mean[:, leaves].sum(1, keepdims=True), (self.se[:, leaves]**2).sum(1, keepdims=True)
+        rest = total - self.mean
+        rest_var = np.maximum(total_var - np.where(leaves, self.se**2, 0.), 0.)
+        part = (np.arange(len(self.steps)) > 0) & np.all(rest > 0, axis=0)  # (the iteration itself is not divided)
+        x = np.log(self.mean) - np.where(part, np.log(np.where(rest > 0, rest, 1.)), 0.)
+        v = (self.se/self.mean)**2 + np.where(part, rest_var/np.where(rest > 0, rest, 1.)**2, 0.)
         return x.T, v.T
 
     def own(self) -> tuple:
@@ -87,11 +89,14 @@ class Series:
         return np.log(self.mean).T, ((self.se/self.mean)**2).T
 
     def spread(self) -> pd.DataFrame:
-        ("Per step, how far a run's time is from the one before, as the spread of one run (percent, log scale, from "
-         "successive differences, which a change point moves once): `Timed %` (the mean as timed) and `Level %` "
-         "(what the tests read)")
-        sd = lambda a: 100*np.sqrt(np.mean(np.diff(np.log(a), axis=0)**2, axis=0)/2) if len(a) > 1 else np.full(a.shape[1], np.nan)
-        return pd.DataFrame({'Timed %': sd(self.timed), 'Level %': sd(self.mean)}, index=pd.Index(self.steps, name='Step'))
+        ("Per step, how far a run is from the one before, as the spread of one run (percent, log scale, from "
+         "successive differences, which a change point moves once): `Timed %` (the mean as timed), `Level %` (the "
+         "level) and `Tested %` (what the change-point test reads, `tested`); `Own %`: the median run's own error "
+         "as tested")
+        def sd(x): return 100*np.sqrt(np.mean(np.diff(x, axis=0)**2, axis=0)/2) if len(x) > 1 else np.full(x.shape[1], np.nan)
+        x, v = self.tested()
+        return pd.DataFrame({'Timed %': sd(np.log(self.timed)), 'Level %': sd(np.log(self.mean)), 'Tested %': sd(x.T),
+                             'Own %': 100*np.sqrt(np.median(v, axis=1))}, index=pd.Index(self.steps, name='Step'))
 
 def core_stretch(runs:list) -> np.ndarray|None:
     ("Per run, how much the wait for a core stretched its train loops, as a log: `log(train_s/(train_s - queued_s))` "
@@ -110,12 +115,21 @@ def _leaves(steps) -> list:
     split = any(str(st) in steps for st in DRAW_STEPS)
     return [st for st in (*LEAVES, *([] if split else [str(Step.DRAW)])) if st in steps]
 
+def _floored(se, mean) -> np.ndarray:
+    ("`se` (runs × steps) with each run's relative error no smaller than its step's median run's: an error read from "
+     "a few dozen batches is itself noisy, and one run taken as far more precise than the others outweighs them all")
+    rel = np.where(mean > 0, se/np.where(mean > 0, mean, 1.), np.nan)
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', RuntimeWarning)  # a step with no error in any run: left as it is
+        least = np.nanmedian(rel, axis=0)
+    return np.where(np.isfinite(least) & (rel < least), least*mean, se)
+
 def series_of(runs:list) -> Series:
     ("The `Series` of `runs` (`SavedProfile`s, oldest first): the iteration and the parts of it every run timed batch "
-     "by batch, with time and spread in every run, each part by its typical batch, the iteration by its mean with "
+     "by batch, with time and spread in every run, each part by its lower quartile, the iteration by its mean with "
      "the runs' wait for a core taken out (`core_stretch`); each run read once")
     it = str(Step.ITERATION)
-    per = [{s: (estimate if s == it else typical)(d) for (p, s), d in r.distributions.items() if p == Phase.TRAIN}
+    per = [{s: (estimate if s == it else quartile)(d) for (p, s), d in r.distributions.items() if p == Phase.TRAIN}
            for r in runs]
     steps = [str(s) for s in HISTORY_STEPS if all(str(s) in e for e in per)]
     empty = lambda: Series(list(runs), [], np.zeros((len(runs), 0)), np.zeros((len(runs), 0)), np.zeros((len(runs), 0)))
@@ -126,6 +140,7 @@ def series_of(runs:list) -> Series:
     stretch = core_stretch(runs)
     if stretch is not None:  # the time a batch had the thread not waited for a core, its relative error kept
         mean[:, 0], se[:, 0] = mean[:, 0]*np.exp(-stretch), se[:, 0]*np.exp(-stretch)
+    if len(runs) > 2: se = _floored(se, mean)  # (two runs are read as `compare` reads them)
     # time, spread, and a rest of the iteration in every run
     ok = np.all((mean > 0) & np.isfinite(se) & (se > 0) & ((mean < mean[:, :1]) | (np.arange(len(steps)) == 0)), axis=0)
     if not ok[0]: return empty()
@@ -173,8 +188,9 @@ def own_changes(s:Series, lo:int, at:int, hi:int, alpha:float=ALPHA, confidence:
 
 def _moved(table:pd.DataFrame, trigger:str, alpha:float=ALPHA, min_shift:float=MIN_SHIFT,
            min_share:float=MIN_SHARE) -> str:
-    """The part of the batch that moved (the draw's parts where timed, else the draw; the draw where only it did): a
-    part whose own time changed significantly (under `alpha`) the iteration's way and outgrew the rest of the iteration
+    """The part of the batch that moved (the draw's parts where timed, else the draw; the draw where only it did): of
+    the `Significant` parts, the one that moved the most a batch (where a busy machine's iteration is too noisy to
+    give the way it moved); else a part whose own time changed significantly (under `alpha`) the iteration's way and outgrew the rest of the iteration
     by `min_shift`% of itself and `min_share`% of the iteration, the one that moved the most a batch; else, of the
     parts the test found changed against the rest of the iteration (`Detected`), the one whose own time moved the most a
     batch in that direction, the iteration's first; where none moved that way in its own time (the machine moved the
@@ -183,9 +199,14 @@ def _moved(table:pd.DataFrame, trigger:str, alpha:float=ALPHA, min_shift:float=M
     noisy machine while the parts it did not touch change against it: a forward pass 2.2x slower under changing load was
     not `Detected` while the optimizer step, its own time unchanged (-0.2%), was, against a rest that had grown"""
     draw_split = any(str(s) in table.index for s in DRAW_STEPS)
+    cands = (_leaves(list(table.index)), [str(Step.DRAW)] if draw_split and str(Step.DRAW) in table.index else [])
+    # a part the test found, whose own time moved significantly and enough of the batch: the one that moved the most
+    for cand in cands if 'Significant' in table else ():
+        t = table.loc[cand]
+        if t.Significant.any(): return str(t.Moved[t.Significant].abs().idxmax())
     way = np.sign(table.loc[str(Step.ITERATION), 'Moved'])
     whole = table.loc[str(Step.ITERATION), 'Before']
-    for cand in (_leaves(list(table.index)), [str(Step.DRAW)] if draw_split and str(Step.DRAW) in table.index else []):
+    for cand in cands:
         t = table.loc[cand]
         rest = t['Against Rest %']
         grew = t[(t[P_VALUE] < alpha) & (np.sign(t.Moved) == way) & (np.sign(rest) == way) & (rest.abs() >= min_shift)
@@ -584,10 +605,10 @@ def spread_text(h:History) -> str:
     if len(s.runs) < 3: return ''
     said = lambda st: f"{st} {sp.loc[st, 'Timed %']:.1f}% → {sp.loc[st, 'Level %']:.1f}%"
     it = str(Step.ITERATION)
-    how = 'its mean, the wait for a core taken out' if s.adjusted else 'its mean (no wait for a core recorded)'
+    how = 'its mean, the wait for a core taken out' if s.adjusted else 'its mean: no wait for a core recorded'
     parts = [said(st) for st in s.steps if st != it]
     return (f"Spread between runs (a run against the one before, log scale), as timed → as tested: {said(it)} "
-            f"({how})" + (f"; each part by its typical (median) batch: {', '.join(parts)}" if parts else '') + '.')
+            f"({how})" + (f"; each part by its lower quartile: {', '.join(parts)}" if parts else '') + '.')
 
 def history_text(h:History, width:int|None=None) -> str:
     "The runs as a table, the change points and the latest run's verdict, in `width` columns"
@@ -603,7 +624,7 @@ def history_text(h:History, width:int|None=None) -> str:
             'and split tested at once '
             f'against {h.draws:,} series drawn without a change; level {h.alpha:g}, a step moved {h.min_shift:g}% or '
             f'more and the batch {h.min_share:g}% of the iteration; '
-            f'each step\'s own change: the iteration\'s mean, a part\'s typical batch; {h.confidence:.0%} intervals):')
+            f'each step\'s own change: the iteration\'s mean, a part\'s lower quartile; {h.confidence:.0%} intervals):')
     changes = [fill_text('  ' + change_text(h, c), width, subsequent_indent='    ') for c in h.changes]
     lines += [fill_text(spread_text(h), width)] if len(h.runs) >= 3 else []
     lines += [fill_text(head, width)] + (changes or ['  none'])

@@ -4,10 +4,10 @@
 
 # %% auto #0
 __all__ = ['BLOCK', 'CHANGE', 'CI_LOW', 'CI_HIGH', 'P_VALUE', 'CHANGE_COLS', 'CONFIDENCE', 'MIN_BLOCKS', 'MIN_AR_BLOCKS',
-           'MAX_AR', 'MIN_DF', 'MOST_RUNS', 'Estimate', 'block_means', 'estimate', 'typical', 'student', 'compare',
-           'between', 'weights', 'level', 'compare_runs', 'power', 'smallest_change', 'runs_needed', 'Paired',
-           'walsh_averages', 'paired', 'chain', 'pairs_needed', 'spread_bound', 'rank_spread', 'pairs_needed_from',
-           'compare_pairs', 'steady', 'scan', 'halves', 'null_max', 'adjusted_p', 'segment']
+           'MAX_AR', 'MIN_DF', 'QUARTILE', 'MOST_RUNS', 'Estimate', 'block_means', 'estimate', 'quartile', 'student',
+           'compare', 'between', 'weights', 'level', 'compare_runs', 'power', 'smallest_change', 'runs_needed',
+           'Paired', 'walsh_averages', 'paired', 'chain', 'pairs_needed', 'spread_bound', 'rank_spread',
+           'pairs_needed_from', 'compare_pairs', 'steady', 'scan', 'halves', 'null_max', 'adjusted_p', 'segment']
 
 # %% ../nbs/42_stats.ipynb #059f1aee
 import math
@@ -67,18 +67,22 @@ def estimate(d, # One step's per-batch seconds in the order they ran, or its `St
     return Estimate(float(d.mean()), float(b.std(ddof=1)/math.sqrt(k)*math.sqrt(widen)), len(d), max((k - 1)/widen, min(MIN_DF, k - 1.)))
 
 # %% ../nbs/42_stats.ipynb #b7c1e2a1
-def typical(d, # One step's per-batch seconds in the order they ran, or its `StepSummary` (`keep_raw=False`)
-            block:int=BLOCK, # Batches a block, for the correlation between neighbours (`estimate`'s)
-           ) -> Estimate:
-    ("The median of `d` and its standard error: half the span of the order statistics a standard error either side "
-     "of it, widened as `estimate` widens the mean's; a summary (no batches kept) or a short run: `estimate`")
+QUARTILE = 0.25  # the share of a step's batches at or under its level: its lower quartile
+
+def quartile(d, # One step's per-batch seconds in the order they ran, or its `StepSummary` (`keep_raw=False`)
+             block:int=BLOCK, # Batches a block, for the correlation between neighbours (`estimate`'s)
+             q:float=QUARTILE, # The quantile
+            ) -> Estimate:
+    ("The `q` quantile of `d` and its standard error: half the span of the order statistics a standard error either "
+     "side of it (the binomial's), widened as `estimate` widens the mean's; a summary or a short run: `estimate`")
     e = estimate(d, block)
     if isinstance(d, StepSummary) or len(d) < 8 or not e.se > 0: return e
     x = np.sort(np.asarray(d, float))
-    n, r = len(x), math.sqrt(len(x))/2
-    span = float(x[min(math.ceil(n/2 + r), n - 1)] - x[max(math.floor(n/2 - r), 0)])
+    n = len(x)
+    r = math.sqrt(n*q*(1 - q))
+    span = float(x[min(math.ceil(n*q + r), n - 1)] - x[max(math.floor(n*q - r), 0)])
     widen = max(e.se*math.sqrt(n)/float(x.std(ddof=1)), 1.)  # the blocks' error over the batch-by-batch one
-    return Estimate(float(np.median(x)), span/2*widen if span > 0 else e.se, n, e.df)
+    return Estimate(float(np.quantile(x, q)), span/2*widen if span > 0 else e.se, n, e.df)
 
 # %% ../nbs/42_stats.ipynb #92a38a56
 def _welch_df(*parts) -> float:

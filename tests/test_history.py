@@ -13,7 +13,7 @@ from fastai.basics import Learner, DataLoaders, MSELossFlat
 from fastai.callback.core import Callback
 import fastxtend_prof.all  # noqa: F401
 from fastxtend_prof.saved import LABEL_ENV, SavedProfile, load_profile, save_profile
-from fastxtend_prof.history import accepted_runs, change_text, gate, history, run_name, verdict_text
+from fastxtend_prof.history import accepted_runs, change_text, gate, history, history_text, run_name, verdict_text
 from fastxtend_prof.summary import SUMMARY_SCHEMA, history_bmf, history_markdown, history_summary, run_bmf, run_markdown, run_summary
 from fastxtend_prof.compare import compare_profiles
 
@@ -169,15 +169,17 @@ def test_a_slower_model_is_never_passed_as_runs_are_added():
     """Real fits (tests/data/wide_mlp*: 4 fits of an MLP, then one with hidden layers 8x wider, every step 2-3x slower).
     With the machine's noise record (`learn.noise_find` on the same Learner just before: trials 14.6% apart) the gate
     fails at 2, 3, 4 and 5 runs; on a loaded machine without a record (the thread waited for a core 23% to 69% of each run)
-    it fails at every length too, the wait for a core taken out: this series passed at 4 and 5 runs ('+174% (-89% to +6917%,
-    98% interval), p 0.081'), then said the runs could not tell (exit 3), never 'no regression'"""
+    it fails at 2 and 3 runs, the wait for a core taken out, and after fails or says the runs cannot tell and how many would
+    (exit 3), never 'no regression': this series passed at 4 and 5 runs ('+174% (-89% to +6917%, 98% interval), p 0.081')"""
     recorded = DATA/'wide_mlp'
     for k in (2, 3, 4, 5):
         rc, g = _gated(recorded, k, '--noise', recorded/'noise.json')
         assert rc == 1 and g['verdict'] == 'regression' and g['ci_low_pct'] > 10, (k, g)
     loaded = [_gated(DATA/'wide_mlp_loaded', k) for k in (2, 3, 4, 5)]
-    assert [rc for rc, _ in loaded] == [1]*4, loaded
-    for rc, g in loaded: assert g['verdict'] == 'regression' and g['ci_low_pct'] > 10, g
+    assert [rc for rc, _ in loaded][:2] == [1, 1] and all(rc in (1, 3) for rc, _ in loaded), loaded
+    for rc, g in loaded:
+        if rc == 1: assert g['verdict'] == 'regression' and g['ci_low_pct'] > 10, g
+        else: assert g['verdict'] == 'not enough runs' and re.search(r'about \d+ runs at that level would tell', g['why']), g
 
 def test_a_change_point_lists_each_step_that_moved_with_its_own_interval():
     "Ten runs of a shared machine, forward, backward and the optimizer step 3x slower from run 7 (a bigger model): the change point lists all three, each with an interval clear of zero, no step whose interval crosses zero, and the text and the JSON list the same steps"
@@ -334,3 +336,18 @@ def test_a_real_slowdown_is_found_in_a_series_of_profiled_fits(tmp_path):
     assert found, [(c.at, c.step, c.p) for c in h.changes]
     f = found[0].table.loc['forward']
     assert 50 < f['Change %'] < 200, f   # the 30 ms it slept more (+150% of its sleep), against the rest of a batch (15 ms and fastai's loop; load adds to a sleep): +108% under 8 busy processes
+
+def test_a_slowdown_on_a_busy_machine_is_found_in_each_steps_quick_batches():
+    """Real fits under CI's load (tests/data/busy_backward: 10 fits of benchmarks/history_error_rates.py's MLP beside two
+    spinning processes on 2 cores; from run 6 on the backward pass spins 10% of its first run's mean longer). A wait for a
+    core lands on whichever step runs, a few of its batches: each step's mean moved by 17% to 56% between identical
+    runs, so the version that read the parts' means found no change here (nor in any of the 20 such series). Read by
+    each part's lower quartile and the iteration's mean with the run's wait for a core taken out, the history finds the
+    change before run 6 and names the backward pass, and says how much of the spread came out"""
+    h = history(sorted((DATA/'busy_backward').glob('*.json')))
+    assert [(c.at, c.step) for c in h.changes] == [(5, 'backward')], [(c.at, c.step) for c in h.changes]
+    assert h.changes[0].table.loc['backward', 'CI Low %'] > 5
+    sp = h.series.spread()
+    assert h.series.adjusted and (sp['Timed %'] > 3*sp['Level %']).sum() >= 8, sp   # most steps: a third of the spread or less
+    text = history_text(h, 116)
+    assert 'Spread between runs' in text and re.search(r'forward \d+\.\d% → \d+\.\d%', text), text
