@@ -215,7 +215,7 @@ def main():
         print(f'With --min-shift {m:g}: A/A false alarms {rate(sum(r["by_min_shift"][k]["alarm"] for r in aa), len(aa))}; '
               f'found {rate(sum(r["by_min_shift"][k]["found"] for r in ab), len(ab))}')
     timed, tested = (pd.DataFrame([r['spread'][k] for r in aa]).median() for k in ('Timed %', 'Level %'))
-    print("Spread between runs (a run against the one before, log scale; median over the A/A series), as timed -> as tested "
+    print("Spread between runs (a run against the one before, log scale; median over the A/A series), as timed -> as the history reads it "
           "(the iteration's wait for a core taken out, each part by its lower quartile):")
     print('  ' + ', '.join(f'{st} {timed[st]:.1f}% -> {tested[st]:.1f}%' for st in tested.index))
     cmp = [c for r in aa for c in r['compare']]

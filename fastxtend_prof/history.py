@@ -62,7 +62,7 @@ class Series:
      "a steady batch as timed")
     runs:list # The `SavedProfile`s, oldest first
     steps:list # The train steps every run timed, the iteration first, then its parts in `HISTORY_STEPS` order
-    mean:np.ndarray # runs × steps: the level, seconds a batch (the iteration's mean, adjusted; a part's lower quartile)
+    mean:np.ndarray # runs × steps: the level, seconds a batch (the iteration's mean, adjusted; a part's quartile)
     se:np.ndarray # runs × steps: its standard error (`stats.estimate`, `stats.quartile`)
     df:np.ndarray|None=None # runs × steps: the degrees of freedom of `se`
     timed:np.ndarray|None=None # runs × steps: mean seconds a steady batch, as timed (`mean` where not given)
@@ -93,7 +93,8 @@ class Series:
          "successive differences, which a change point moves once): `Timed %` (the mean as timed), `Level %` (the "
          "level) and `Tested %` (what the change-point test reads, `tested`); `Own %`: the median run's own error "
          "as tested")
-        def sd(x): return 100*np.sqrt(np.mean(np.diff(x, axis=0)**2, axis=0)/2) if len(x) > 1 else np.full(x.shape[1], np.nan)
+        def sd(x):
+            return 100*np.sqrt(np.mean(np.diff(x, axis=0)**2, axis=0)/2) if len(x) > 1 else np.full(x.shape[1], np.nan)
         x, v = self.tested()
         return pd.DataFrame({'Timed %': sd(np.log(self.timed)), 'Level %': sd(np.log(self.mean)), 'Tested %': sd(x.T),
                              'Own %': 100*np.sqrt(np.median(v, axis=1))}, index=pd.Index(self.steps, name='Step'))
@@ -188,16 +189,17 @@ def own_changes(s:Series, lo:int, at:int, hi:int, alpha:float=ALPHA, confidence:
 
 def _moved(table:pd.DataFrame, trigger:str, alpha:float=ALPHA, min_shift:float=MIN_SHIFT,
            min_share:float=MIN_SHARE) -> str:
-    """The part of the batch that moved (the draw's parts where timed, else the draw; the draw where only it did): of
-    the `Significant` parts, the one that moved the most a batch (where a busy machine's iteration is too noisy to
-    give the way it moved); else a part whose own time changed significantly (under `alpha`) the iteration's way and outgrew the rest of the iteration
-    by `min_shift`% of itself and `min_share`% of the iteration, the one that moved the most a batch; else, of the
-    parts the test found changed against the rest of the iteration (`Detected`), the one whose own time moved the most a
-    batch in that direction, the iteration's first; where none moved that way in its own time (the machine moved the
-    other way), the one that changed most against the rest; where the test found no part, the step that made the change
-    point (`trigger`). The first rule comes first because the scan's calibrated test can miss the part that moved on a
-    noisy machine while the parts it did not touch change against it: a forward pass 2.2x slower under changing load was
-    not `Detected` while the optimizer step, its own time unchanged (-0.2%), was, against a rest that had grown"""
+    """The part of the batch that moved (the draw's parts where timed, else the draw; the draw where only it did):
+    of the `Significant` parts, the one that moved the most a batch (where a busy machine's iteration is too noisy
+    to give the way it moved); else a part whose own time changed significantly (under `alpha`) the iteration's way
+    and outgrew the rest of the iteration by `min_shift`% of itself and `min_share`% of the iteration, the one that
+    moved the most a batch; else, of the parts the test found changed against the rest of the iteration
+    (`Detected`), the one whose own time moved the most a batch in that direction, the iteration's first; where none
+    moved that way in its own time (the machine moved the other way), the one that changed most against the rest;
+    where the test found no part, the step that made the change point (`trigger`). The own-time rules come before
+    `Detected` because the scan's calibrated test can miss the part that moved on a noisy machine while the parts it
+    did not touch change against it: a forward pass 2.2x slower under changing load was not `Detected` while the
+    optimizer step, its own time unchanged (-0.2%), was, against a rest that had grown"""
     draw_split = any(str(s) in table.index for s in DRAW_STEPS)
     cands = (_leaves(list(table.index)), [str(Step.DRAW)] if draw_split and str(Step.DRAW) in table.index else [])
     # a part the test found, whose own time moved significantly and enough of the batch: the one that moved the most
@@ -607,7 +609,8 @@ def spread_text(h:History) -> str:
     it = str(Step.ITERATION)
     how = 'its mean, the wait for a core taken out' if s.adjusted else 'its mean: no wait for a core recorded'
     parts = [said(st) for st in s.steps if st != it]
-    return (f"Spread between runs (a run against the one before, log scale), as timed → as tested: {said(it)} "
+    return (f"Spread between runs (a run against the one before, log scale), as timed → as the history reads it: "
+            f"{said(it)} "
             f"({how})" + (f"; each part by its lower quartile: {', '.join(parts)}" if parts else '') + '.')
 
 def history_text(h:History, width:int|None=None) -> str:
