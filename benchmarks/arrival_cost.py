@@ -24,7 +24,7 @@ def worker(rank, world, port, out, a):
     rec = {'on': [], 'off': [], 'end_on': [], 'end_off': []}
     try:
         import fastxtend_prof.all  # noqa: F401  (Learner.profile)
-        from fastxtend_prof.simpleprofiler import SimpleProfilerCallback
+        from fastxtend_prof.profiler.simpleprofiler import SimpleProfilerCallback
         dist.init_process_group('gloo', rank=rank, world_size=world, timeout=timedelta(seconds=120))
         for i in range(2*a.repeats):
             mode = ('on', 'off')[i % 2]

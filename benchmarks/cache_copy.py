@@ -1,4 +1,4 @@
-"""What handing out a kept item as a copy costs (`fastxtend_prof.cache.copy_item`, which `ItemCache.get` calls so a
+"""What handing out a kept item as a copy costs (`fastxtend_prof.tune.cache.copy_item`, which `ItemCache.get` calls so a
 later transform that changes its input in place cannot change the kept item), beside what the cache saves: decoding
 the same image from a JPEG and a PNG file. The items are those a vision `DataBlock` keeps: a decoded PIL image, the
 tensor `ToTensor` makes, with their label; the medians of `--repeat` timings of `--number` calls each, one thread.
@@ -10,7 +10,7 @@ os.environ.setdefault('OMP_NUM_THREADS', '1')
 import numpy as np, torch
 from PIL import Image
 from fastai.vision.all import PILImage, TensorImage, TensorCategory, ToTensor
-from fastxtend_prof.cache import copy_item, same_item
+from fastxtend_prof.tune.cache import copy_item, same_item
 
 def photo(w:int, h:int) -> np.ndarray:
     "A smooth image with some texture, as a photograph compresses (noise alone would make JPEG's decode unusually slow)"

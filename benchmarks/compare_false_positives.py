@@ -13,7 +13,7 @@ import argparse, pathlib, sys, time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]/'tests'))
 import pandas as pd, torch
 from test_compare import interleaved, SpinInStep   # the same Learners and alternation as the acceptance test
-from fastxtend_prof.compare import compare_profiles
+from fastxtend_prof.verdicts.compare import compare_profiles
 
 # one run a side: judged on the noise inside the runs (`within_run`), which is what this measures; alone it is not judged
 SETTINGS = {'defaults': dict(within_run=True), 'min_change only': dict(min_share=0, within_run=True),

@@ -47,7 +47,7 @@ def learner(extra:int=0):
 def fit(extra:int):
     "One profiled fit of one epoch: its `SavedProfile`"
     import fastxtend_prof.all  # noqa: F401  (learn.profile)
-    from fastxtend_prof.saved import profile_of
+    from fastxtend_prof.core.saved import profile_of
     learn = learner(extra)
     with learn.no_logging(), learn.no_mbar(): learn.fit(1)  # one-off costs (allocator, kernels) out of the profile
     learn.profile(show_report=False)
@@ -68,7 +68,7 @@ def noise(a):
 
 def collect(a):
     import torch
-    from fastxtend_prof.saved import save_profile
+    from fastxtend_prof.core.saved import save_profile
     torch.set_num_threads(1)
     out = pathlib.Path(a.folder); out.mkdir(parents=True, exist_ok=True)
     base = iteration(fit(0))
@@ -94,10 +94,10 @@ def rate(k:int, n:int) -> str:
     return f'{k}/{n} = {100*k/n:.1f}% ({100*lo:.1f}-{100*hi:.1f}%)'
 
 def analyze(a):
-    from fastxtend_prof.saved import load_profile, SavedProfile
-    from fastxtend_prof.compare import compare_profiles
-    from fastxtend_prof.noise import load_noise
-    from fastxtend_prof.stats import power
+    from fastxtend_prof.core.saved import load_profile, SavedProfile
+    from fastxtend_prof.verdicts.compare import compare_profiles
+    from fastxtend_prof.verdicts.noise import load_noise
+    from fastxtend_prof.verdicts.stats import power
     folder = pathlib.Path(a.folder)
     records = {f.stem: load_noise(f) for f in sorted(folder.glob('noise*.json'))}
     files = sorted(folder.glob('[0-9]*_?.json'))
@@ -155,10 +155,10 @@ def power_of_pairs(a):
     the fits allow: `draws` random sets of k of the real neighbouring pairs (a bootstrap of pairs, each set in time order,
     so read in pairs), beside the pairs compare's plan asks for B's change from all the pairs (`stats.pairs_needed_from`:
     drawn from the pairs themselves) and what Noether's asymptotic size said (`stats.pairs_needed` on `rank_spread`)"""
-    from fastxtend_prof.saved import load_profile, SavedProfile
-    from fastxtend_prof.compare import compare_profiles
-    from fastxtend_prof.stats import pairs_needed, pairs_needed_from, rank_spread
-    from fastxtend_prof.defaults import ALPHA
+    from fastxtend_prof.core.saved import load_profile, SavedProfile
+    from fastxtend_prof.verdicts.compare import compare_profiles
+    from fastxtend_prof.verdicts.stats import pairs_needed, pairs_needed_from, rank_spread
+    from fastxtend_prof.core.defaults import ALPHA
     folder = pathlib.Path(a.folder)
     plan = json.loads((folder/'plan.json').read_text())
     files = sorted(folder.glob('[0-9]*_?.json'))[plan.get('aa', plan['fits']//2):]
@@ -190,10 +190,10 @@ def records(a):
     of `w` trials (`Noise`, the fits' means as its levels), its `pairs_for` B's change, against the pairs the real pairs
     (A_i, B_i) need (`stats.pairs_needed_from` on all of them: what `power` then finds 80% of the time). Within a factor
     of 2.25 in pairs is within 1.5 in the smallest change (the change a test finds goes as one over the root of the pairs)"""
-    from fastxtend_prof.saved import load_profile
-    from fastxtend_prof.noise import Noise
-    from fastxtend_prof.stats import pairs_needed_from
-    from fastxtend_prof.defaults import ALPHA
+    from fastxtend_prof.core.saved import load_profile
+    from fastxtend_prof.verdicts.noise import Noise
+    from fastxtend_prof.verdicts.stats import pairs_needed_from
+    from fastxtend_prof.core.defaults import ALPHA
     folder = pathlib.Path(a.folder)
     plan = json.loads((folder/'plan.json').read_text())
     files = sorted(folder.glob('[0-9]*_?.json'))

@@ -124,10 +124,10 @@ def worker(rank, world, port, out, case, a):
         rec['means'] = {s: float(train[train.Step == s]['Mean Duration'].iloc[0])*1e3 for s in STEPS if (train.Step == s).any()}
         rec['advice'] = [f'[{x.rule}] {x.verdict} -> {x.suggestion}' for x in learn.profile_result.advice] if rank == 0 else []
         if rank == 0 and learn.profile_result.arrivals is not None:
-            from fastxtend_prof.arrivals import arrival_text
+            from fastxtend_prof.features.arrivals import arrival_text
             rec['arrivals'] = arrival_text(learn.profile_result.arrivals)
         if rank == 0:  # what the rule on step durations alone (the fallback without arrival times) would say
-            from fastxtend_prof.distributed import straggler_advice
+            from fastxtend_prof.features.distributed import straggler_advice
             rec['by_durations'] = [f"rank {x.evidence['rank']}, `{x.evidence['step']}`" for x in straggler_advice(learn.profile_result.rank_results)]
     except BaseException: rec['error'] = traceback.format_exc()
     finally:

@@ -10,7 +10,7 @@ import argparse, os, subprocess, sys, time, timeit
 
 MARKS = r'''
 import time, torch
-from fastxtend_prof.recorder import *
+from fastxtend_prof.core.recorder import *
 def batch(r):
     r.draw(); r.draw_mark(AFTER_LOAD); r.draw_mark(BEFORE_TFMS); r.draw_mark(AFTER_TFMS); r.start_batch(64)
     for x in (AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH): r.mark(x)

@@ -54,11 +54,11 @@ from scipy import stats as sps
 from fastai.basics import Learner, DataLoaders, CrossEntropyLossFlat
 from fastai.callback.core import Callback
 import fastxtend_prof.all  # noqa: F401  (adds `learn.profile`)
-from fastxtend_prof.history import MIN_SHIFT, change_text, history, series_of
-from fastxtend_prof.saved import load_profiles
-from fastxtend_prof.compare import compare_profiles
-from fastxtend_prof.defaults import ALPHA
-from fastxtend_prof.saved import save_profile
+from fastxtend_prof.verdicts.history import MIN_SHIFT, change_text, history, series_of
+from fastxtend_prof.core.saved import load_profiles
+from fastxtend_prof.verdicts.compare import compare_profiles
+from fastxtend_prof.core.defaults import ALPHA
+from fastxtend_prof.core.saved import save_profile
 
 STEPS = ('forward', 'backward', 'opt_step', 'draw')  # the step a series slows down, in turn
 NAMED = {'draw': ('draw', 'wait')}  # the draw's slowdown is in the collate, inside its part `wait` (the loader's work), which the history names

@@ -11,8 +11,8 @@ import argparse, os, subprocess, sys, tempfile, time
 from dataclasses import replace
 from pathlib import Path
 import numpy as np
-from fastxtend_prof.saved import load_profile, load_profiles, save_profile
-from fastxtend_prof.history import gate, history
+from fastxtend_prof.core.saved import load_profile, load_profiles, save_profile
+from fastxtend_prof.verdicts.history import gate, history
 
 MS = dict(draw=1.0, forward=4.0, loss=0.3, backward=5.0, opt_step=1.0, zero_grad=0.2, other=0.5)  # milliseconds a batch
 

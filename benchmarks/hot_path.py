@@ -28,8 +28,8 @@ from fastai.test_utils import synth_learner
 from fastai.callback.core import Callback
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (Learner.profile)
-from fastxtend_prof.recorder import *
-from fastxtend_prof.simpleprofiler import SimpleProfilerCallback
+from fastxtend_prof.core.recorder import *
+from fastxtend_prof.profiler.simpleprofiler import SimpleProfilerCallback
 
 class Swallow(Relay):
     "Takes the per-batch marks and passes none on: the recorder sees loops and spans but no batch"

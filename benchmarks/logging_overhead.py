@@ -19,9 +19,9 @@ from fastai.learner import Learner
 from fastai.data.core import DataLoaders
 from fastai.callback.progress import *  # noqa: F401,F403  (no_bar)
 from fastai.optimizer import SGD
-from fastxtend_prof.recorder import TimingRecorder, Phase, Step, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH
-import fastxtend_prof.simpleprofiler  # noqa: F401  (adds Learner.profile)
-from fastxtend_prof.loggers import LoggerHub, Logger, register_logger, KNOWN_LOGGERS
+from fastxtend_prof.core.recorder import TimingRecorder, Phase, Step, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH
+import fastxtend_prof.profiler.simpleprofiler  # noqa: F401  (adds Learner.profile)
+from fastxtend_prof.features.loggers import LoggerHub, Logger, register_logger, KNOWN_LOGGERS
 
 
 def per_call(stmt, n, repeat=5):

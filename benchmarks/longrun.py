@@ -15,7 +15,7 @@ import argparse, json, resource, subprocess, sys, time, tracemalloc
 def _maxrss(): return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss*1024  # Linux reports KiB
 
 def worker(keep_raw, batches, epochs, trace):
-    from fastxtend_prof.recorder import TimingRecorder, summarize, Phase, Step, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH
+    from fastxtend_prof.core.recorder import TimingRecorder, summarize, Phase, Step, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH
     rec = TimingRecorder(warmup=1, keep_raw=keep_raw)
     per_epoch = [batches//epochs + (i < batches % epochs) for i in range(epochs)]
     base = _maxrss()

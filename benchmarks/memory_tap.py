@@ -6,8 +6,8 @@ peak reset per reading) come on top, and are measured by `gpu_overhead.py` (`eve
     python benchmarks/memory_tap.py                 # 100,000 batches, 5 repeats, every = 1, 10, 100
 """
 import argparse, statistics, time
-from fastxtend_prof.recorder import *
-from fastxtend_prof.memory import MemoryTap, FakeMemory
+from fastxtend_prof.core.recorder import *
+from fastxtend_prof.features.memory import MemoryTap, FakeMemory
 
 MARKS = (AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH)
 

@@ -28,7 +28,7 @@ def make_learner(prof, batches):
     "fastai's `synth_learner` with `batches` train batches, no progress bar, and what the profiler `prof` needs"
     import torch
     torch.set_num_threads(1)
-    import fastxtend_prof.events  # noqa: F401  registers before_draw and the loop that emits it, for the floor
+    import fastxtend_prof.core.events  # noqa: F401  registers before_draw and the loop that emits it, for the floor
     from fastai.test_utils import synth_learner
     from fastai.callback.progress import ProgressCallback
     learn = synth_learner(n_trn=batches, n_val=max(1, batches//10))

@@ -28,7 +28,7 @@ def busy(n:int):
         for p in ps: p.join()
 
 def profile(learn):
-    from fastxtend_prof.recorder import Cols
+    from fastxtend_prof.core.recorder import Cols
     learn.profile(show_report=False)
     with learn.no_logging(): learn.fit(1)
     r = learn.profile_result

@@ -54,9 +54,9 @@ def main():
 
     import test_tune as t
     import fastxtend_prof.all  # noqa: F401  (Learner.speed_find)
-    import fastxtend_prof.tune as T
-    from fastxtend_prof.recorder import Step
-    from fastxtend_prof.defaults import ALPHA, MIN_GAIN
+    import fastxtend_prof.tune.search as T
+    from fastxtend_prof.core.recorder import Step
+    from fastxtend_prof.core.defaults import ALPHA, MIN_GAIN
     min_change = MIN_GAIN if a.min_change is None else a.min_change
 
     learn = t.busy_learner(item=0., compute=1e-3, n_batches=60)

@@ -12,7 +12,7 @@ Two pipelines (`--pipeline`), each a fastai `DataBlock` on the CPU with batches 
 Each repeat runs
 
 - the sweep: a fresh Learner for every configuration of `num_workers` 0..`--max-workers` × the item cache (none, in
-  memory up to the budget, in memory and on disk past it: `fastxtend_prof.cache.cache_loaders`, its filling counted in
+  memory up to the budget, in memory and on disk past it: `fastxtend_prof.tune.cache.cache_loaders`, its filling counted in
   the configuration's time) × for `png` where the resize runs (on each item, `Resize(32)`, or on the batch,
   `aug_transforms(size=32)` with no item resize: another interpolation, so not a change speed_find makes unasked),
   measured by the tuner's own `run_trial` (40 steady train batches after 3 of warmup, without the callbacks a trial sets
@@ -88,9 +88,9 @@ def main():
                                    RandomResizedCrop, aug_transforms, Learner, nn, set_seed, accuracy)
     import torch
     import fastxtend_prof.all  # noqa: F401
-    import fastxtend_prof.cache as fc
-    from fastxtend_prof.cache import cache_loaders
-    from fastxtend_prof.tune import run_trial, set_aside, _measured, _KEY
+    import fastxtend_prof.tune.cache as fc
+    from fastxtend_prof.tune.cache import cache_loaders
+    from fastxtend_prof.tune.search import run_trial, set_aside, _measured, _KEY
     files = get_image_files(root)[:a.images]
     def learner(nw, where='item'):
         set_seed(0)

@@ -40,7 +40,7 @@ def main():
                    help='which loaders (default: both)')
     a = p.parse_args()
     import fastxtend_prof.all  # noqa: F401
-    from fastxtend_prof.tune import run_trial, set_num_workers, cores, LearnerState, set_aside, OVERSUBSCRIBE, _measured, _KEY
+    from fastxtend_prof.tune.search import run_trial, set_num_workers, cores, LearnerState, set_aside, OVERSUBSCRIBE, _measured, _KEY
     import test_tune as t
     t.BS = a.bs
     def cpu_spin(s:float):

@@ -27,8 +27,8 @@ def search(a):
     import torch
     import compare_runs as C
     import fastxtend_prof.all  # noqa: F401  (Learner.speed_find)
-    import fastxtend_prof.tune as T
-    from fastxtend_prof.recorder import Step
+    import fastxtend_prof.tune.search as T
+    from fastxtend_prof.core.recorder import Step
     torch.set_num_threads(1)
     # the products' cost read in the fit itself, in turns with the plain fit (the load moves both alike): one product
     # as a share of the plain iteration, the median of 9 pairs of trials

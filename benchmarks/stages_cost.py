@@ -11,7 +11,7 @@ workers: a worker runs the same code), iterating whole epochs plain and watched,
 import argparse, statistics, time
 import numpy as np, torch
 from fastai.vision.all import DataBlock, ImageBlock, CategoryBlock, PILImageBW, Resize
-from fastxtend_prof.stages import watch_stages, watch_torch_stages
+from fastxtend_prof.features.stages import watch_stages, watch_torch_stages
 
 def fastai_loader(n:int, bs:int):
     from sklearn.datasets import load_digits

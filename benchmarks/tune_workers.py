@@ -23,8 +23,8 @@ def main():
     p.add_argument('--repeats', type=int, default=5)
     a = p.parse_args()
     import fastxtend_prof.all  # noqa: F401
-    from fastxtend_prof.tune import run_trial, steady_times, predict_workers, set_num_workers, cores, LearnerState, set_aside, _measured, probe_handoff
-    from fastxtend_prof.recorder import Step
+    from fastxtend_prof.tune.search import run_trial, steady_times, predict_workers, set_num_workers, cores, LearnerState, set_aside, _measured, probe_handoff
+    from fastxtend_prof.core.recorder import Step
     import test_tune as t
     t.BS = a.bs
     torch.set_num_threads(1)

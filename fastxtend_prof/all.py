@@ -6,23 +6,23 @@
 __all__ = []
 
 # %% ../nbs/12_all.ipynb #68ee25f8
-from . import events as _events
+from .core import events as _events
 _events.install()  # `before_draw` and the fit watch, registered with fastai (once: importing `events` did it)
-from .simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, ProfileMode
-from .result import ProfileResult
-from .report import format_report, show_report, report_text, format_duration, save_results
-from .saved import load_profile, save_profile, load_json
-from .plots import plot_profile, plot_timeline, timeline_frame
-from .advice import Advice, show_advice
-from .rules import advise, RULES
-from .gains import what_if
-from .flops import measure_peak
-from .recorder import Relay
-from .features import Feature, register_feature
-from .loggers import Logger, register_logger
-from .compare import compare_profiles, show_comparison, plot_comparison
-from .tune import SpeedResult, load_speed  # and `Learner.speed_find`
-from . import noise_find as _noise_find  # noqa: F401  (adds `Learner.noise_find`)
+from .profiler.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, ProfileMode
+from .profiler.result import ProfileResult
+from .verdicts.report import format_report, show_report, report_text, format_duration, save_results
+from .core.saved import load_profile, save_profile, load_json
+from .verdicts.plots import plot_profile, plot_timeline, timeline_frame
+from .verdicts.advice import Advice, show_advice
+from .verdicts.rules import advise, RULES
+from .verdicts.gains import what_if
+from .features.flops import measure_peak
+from .core.recorder import Relay
+from .core.features import Feature, register_feature
+from .features.loggers import Logger, register_logger
+from .verdicts.compare import compare_profiles, show_comparison, plot_comparison
+from .tune.search import SpeedResult, load_speed  # and `Learner.speed_find`
+from .tune import noise_find as _noise_find  # noqa: F401  (adds `Learner.noise_find`)
 __all__ = ['SimpleProfilerCallback', 'SimpleProfilerPostCallback', 'ProfileResult', 'ProfileMode', 'format_report', 'show_report',
            'report_text', 'format_duration', 'save_results', 'load_json', 'plot_profile', 'plot_timeline', 'timeline_frame',
            'Advice', 'advise', 'show_advice', 'RULES', 'what_if', 'measure_peak', 'Logger', 'register_logger', 'Relay', 'Feature',

@@ -144,7 +144,7 @@ class _Hook:
 
     def wants(self, learn, cbs) -> bool:
         "Whether the fit of `learn` starting now, with the fit's own `cbs`, gets a profile"
-        from fastxtend_prof.simpleprofiler import SimpleProfilerCallback
+        from fastxtend_prof.profiler.simpleprofiler import SimpleProfilerCallback
         extra = list(cbs) if isinstance(cbs, (list, tuple)) else [] if cbs is None else [cbs]
         pres = [cb for cb in [*learn.cbs, *extra] if _is(cb, SimpleProfilerCallback)]
         if any(cb not in self.ours for cb in pres): self.users.add(learn)  # profiled by hand: the user's from now on
@@ -155,7 +155,7 @@ class _Hook:
     def attach(self, learn):
         "Profile the fit of `learn` about to start, as fit number `n+1`"
         import fastxtend_prof.all  # noqa: F401  (`learn.profile`, and the features, as `from fastxtend_prof.all import *` gives them)
-        from fastxtend_prof.simpleprofiler import SimpleProfilerCallback
+        from fastxtend_prof.profiler.simpleprofiler import SimpleProfilerCallback
         kw = self.options(self.n + 1)
         learn.profile(**kw)
         self.n += 1
@@ -196,7 +196,7 @@ _FIT_CODE = _wrap_fit(lambda self: None).__code__  # the wrapper's frames, left 
 def _wrap_learner(mod):
     "Wrap `mod.Learner.fit` (`mod` is `fastai.learner`), after the profiler's fit watch has taken fastai's own `fit`"
     try:
-        import fastxtend_prof.events  # noqa: F401  (its `install` keeps fastai's `fit`, not this wrapper, as the original)
+        import fastxtend_prof.core.events  # noqa: F401  (its `install` keeps fastai's `fit`, not this wrapper, as the original)
         L = mod.Learner
         if not getattr(L.__dict__.get('fit'), '_fxp_autorun', False): L.fit = _wrap_fit(L.__dict__['fit'])
     except Exception as e: print(f'fastxtend-prof: not profiling: {type(e).__name__}: {e}', file=sys.stderr)

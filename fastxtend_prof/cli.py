@@ -9,7 +9,7 @@ __all__ = ['RUN_HELP', 'GATE_EXIT', 'parser', 'compare_command', 'report_command
 # %% ../nbs/10_cli.ipynb #168568d7
 import argparse, importlib.util, math, sys, time, warnings
 from pathlib import Path
-from .defaults import (DEVICES, ALPHA, MIN_CHANGE, MIN_SHARE, ASKED, FORMATS, HISTORY_MIN_SHIFT, HISTORY_MIN_SHARE, NOISE_TRIALS,
+from fastxtend_prof.core.defaults import (DEVICES, ALPHA, MIN_CHANGE, MIN_SHARE, ASKED, FORMATS, HISTORY_MIN_SHIFT, HISTORY_MIN_SHARE, NOISE_TRIALS,
     demo_device, demo_threads)
 
 # %% ../nbs/10_cli.ipynb #cf4e40ed
@@ -64,7 +64,7 @@ def parser():
     ("The `fastxtend-prof` argument parser (`run` is listed, but `main` hands it its arguments before this parser sees "
      "them)")
     # numpy: here, so that `run` starts the script before anything of it is imported
-    from fastxtend_prof.recorder import SYNC_MODES
+    from fastxtend_prof.core.recorder import SYNC_MODES
     p = _OneLineErrors(prog='fastxtend-prof',
                        description='Profile a short fastai training run and print where the time went: with no '
                                    'command, the demo '
@@ -262,13 +262,13 @@ def _error(command, message) -> int:
 def _output(path, opt:str, default:str) -> str:
     ("Where `opt`'s file goes (a folder, or a path ending in '/', gets `default`; missing folders are made when it is "
      "written), checked writable: before training")
-    from fastxtend_prof.saved import output_path, check_writable  # pandas, not torch
+    from fastxtend_prof.core.saved import output_path, check_writable  # pandas, not torch
     return str(check_writable(output_path(path, default), opt))
 
 def _read(path, name:str):
     ("The run saved at `path`, read and checked before the tools' heavier imports (it needs pandas and numpy only); "
      "`name` names the argument in errors")
-    from fastxtend_prof.saved import as_profile
+    from fastxtend_prof.core.saved import as_profile
     return as_profile(path, name)
 
 def _unexpected(e:Exception, *files) -> str:
@@ -289,14 +289,14 @@ def _base_and_new(a):
 def _read_side(paths, name:str) -> list:
     ("The runs saved at `paths` (files, or folders of them oldest first), read and checked as `_read` does; `name` "
      "names the side in errors")
-    from fastxtend_prof.saved import read_runs  # pandas, not torch
+    from fastxtend_prof.core.saved import read_runs  # pandas, not torch
     return read_runs(list(paths), name)
 
 def _noise(a):
     "The noise record `--noise` names, read and checked, or None"
     if a.noise is None: return None
-    from fastxtend_prof.noise import load_noise  # numpy and the saved run's checks, not torch
-    from fastxtend_prof.saved import ProfileFileError
+    from fastxtend_prof.verdicts.noise import load_noise  # numpy and the saved run's checks, not torch
+    from fastxtend_prof.core.saved import ProfileFileError
     try: return load_noise(a.noise)
     except ProfileFileError as e: raise ProfileFileError(f'`--noise`: {e.source}', e.field, e.expected) from None
 
@@ -315,7 +315,7 @@ def compare_command(a) -> int:
         base, new = _read_side(base_path, 'base'), _read_side(new_path, 'new')
         noise = _noise(a)
         # scipy, not torch
-        from fastxtend_prof.compare import compare_profiles, comparison_text, slower_than, plot_comparison
+        from fastxtend_prof.verdicts.compare import compare_profiles, comparison_text, slower_than, plot_comparison
         cmp = compare_profiles(base, new, alpha=a.alpha, min_change=a.min_change, min_share=a.min_share, noise=noise,
                                within_run=a.within_run)
         tripped = slower_than(cmp, pct, step) if pct is not None else False
@@ -323,7 +323,7 @@ def compare_command(a) -> int:
         if a.format == 'text': text = comparison_text(cmp)
         else:
             import json
-            from fastxtend_prof.summary import run_markdown, run_summary
+            from fastxtend_prof.verdicts.summary import run_markdown, run_summary
             text = run_markdown(new[-1], cmp) if a.format == 'md' else json.dumps(run_summary(new[-1], cmp), indent=1)
     except ValueError as e: return _error('compare', e)
     except Exception as e: return _error('compare', _unexpected(e, *a.runs, *(a.baseline or ())))
@@ -361,16 +361,16 @@ def _emit(text:str, path, what:str):
         try: print(text, end='' if text.endswith('\n') else '\n', flush=True)
         except BrokenPipeError: _reader_gone()  # the verdict stands: the exit status is still the command's
         return
-    from fastxtend_prof.saved import atomic_write_text
+    from fastxtend_prof.core.saved import atomic_write_text
     atomic_write_text(path, text if text.endswith('\n') else text + '\n')
     print(f'Saved: {what} {path}')
 
 def _report_text(prof, cmp=None) -> str:
     ("A saved run as the terminal shows a profile: its report table and its advice, then its comparison `cmp` with a "
      "baseline")
-    from fastxtend_prof.report import format_report, report_text
-    from fastxtend_prof.compare import comparison_text
-    from fastxtend_prof.advice import advice_text  # as `learn.profile()` shows it
+    from fastxtend_prof.verdicts.report import format_report, report_text
+    from fastxtend_prof.verdicts.compare import comparison_text
+    from fastxtend_prof.verdicts.advice import advice_text  # as `learn.profile()` shows it
     lines = [report_text(format_report(prof.results))]
     if prof.advice is not None: lines.append(advice_text(prof.advice))
     if cmp is not None: lines.append(comparison_text(cmp))
@@ -389,12 +389,12 @@ def report_command(a) -> int:
         judge = dict(noise=_noise(a), within_run=a.within_run)
         t0 = time.perf_counter()
         if a.format == 'html':
-            from fastxtend_prof.page import save_html  # plotly
+            from fastxtend_prof.verdicts.page import save_html  # plotly
             path = save_html(prof, out, baseline=base, **judge)
         else:
             import json
-            from fastxtend_prof.compare import compare_profiles
-            from fastxtend_prof.summary import run_bmf, run_markdown, run_summary
+            from fastxtend_prof.verdicts.compare import compare_profiles
+            from fastxtend_prof.verdicts.summary import run_bmf, run_markdown, run_summary
             cmp = compare_profiles(base, prof, **judge) if base is not None else None
             text = {'text': lambda: _report_text(prof, cmp), 'md': lambda: run_markdown(prof, cmp),
                     'json': lambda: json.dumps(run_summary(prof, cmp), indent=1),
@@ -430,12 +430,12 @@ def history_command(a) -> int:
                       'history.html' if as_page else 'history.txt') if a.output or as_page else None
         page = _output(a.html, '--html', 'history.html') if a.html else None
         from_file = _accept_file(a.accept_file) if a.accept_file else []
-        from fastxtend_prof.saved import load_profiles  # every file read and checked first: pandas and numpy only
+        from fastxtend_prof.core.saved import load_profiles  # every file read and checked first: pandas and numpy only
         other = []  # the package's other files in the folders: summaries, noise records
         runs = load_profiles(a.runs, other)
         import json
-        from fastxtend_prof.history import accepted_runs, gate, history, history_text, passed_over, verdict_text
-        from fastxtend_prof.summary import history_bmf, history_markdown, history_summary
+        from fastxtend_prof.verdicts.history import accepted_runs, gate, history, history_text, passed_over, verdict_text
+        from fastxtend_prof.verdicts.summary import history_bmf, history_markdown, history_summary
         h = history(runs, alpha=a.alpha, min_shift=a.min_shift, min_share=a.min_share, noise=_noise(a))
         if other: h.notes.append(passed_over(other))
         accepted, unknown = accepted_runs(h, a.accept)
@@ -448,13 +448,13 @@ def history_command(a) -> int:
         verdict = gate(h, a.fail_on_regression, step, sorted(set(accepted + more))) if gating else None
         line = (f'gate: {verdict.kind} (the latest run\'s {step} must not be a real slowdown of more than '
                 f'{a.fail_on_regression:g}%): {verdict_text(h, verdict)}') if gating else ''
-        from fastxtend_prof.history import history_page
+        from fastxtend_prof.verdicts.history import history_page
         text = {'text': lambda: history_text(h) + (f'\n{line}' if line else ''),
                 'md': lambda: history_markdown(h, verdict), 'html': lambda: history_page(h),
                 'json': lambda: json.dumps(history_summary(h, verdict), indent=1),
                 'bmf': lambda: json.dumps(history_bmf(h), indent=1)}[a.format]()
         if page:
-            from fastxtend_prof.saved import atomic_write_text
+            from fastxtend_prof.core.saved import atomic_write_text
             atomic_write_text(page, history_page(h))
     except (ValueError, ImportError) as e: return _error('history', e)
     except Exception as e: return _error('history', _unexpected(e, *a.runs))
@@ -495,7 +495,7 @@ def noise_command(a) -> int:
         demo_device(a.device)
     except ValueError as e: return _error('noise', e)
     from fastxtend_prof.digits import digits_learner  # torch and fastai
-    from fastxtend_prof import noise_find  # noqa: F401  (adds `Learner.noise_find`)
+    from fastxtend_prof.tune import noise_find  # noqa: F401  (adds `Learner.noise_find`)
     learn = digits_learner(a.bs, a.num_workers, 0., a.device)
     learn.noise_find(trials=a.trials, batches=a.batches, warmup=a.warmup, max_time=a.max_time, save=out)
     if out: print(f'Saved: noise record {out}')

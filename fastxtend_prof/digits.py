@@ -17,9 +17,9 @@ from fastai.learner import Learner
 from fastai.metrics import accuracy
 from fastai.callback.progress import ProgressCallback
 from fastai.callback.schedule import fit_one_cycle
-from .simpleprofiler import profile
-from .tune import speed_find
-from .defaults import demo_device
+from .profiler.simpleprofiler import profile
+from .tune.search import speed_find
+from .core.defaults import demo_device
 
 _PATCHES = fit_one_cycle, profile, speed_find  # imported for what importing them does: `learn.fit_one_cycle`, `learn.profile`, `learn.speed_find`
 

@@ -109,8 +109,8 @@ def recorder_with(clock=time.perf_counter, mode='none', timer=None):
     timed the `mode` way on this CPU machine: 'none' on the host clock, 'device' synchronising with a no-op that counts its
     calls, 'events' recording with `timer` (default a `MirrorTimer` of `clock`). Yields the list of syncs ('device'), the
     timer ('events') or None. For helpers that profile outside a test (module-scoped fixtures); a test uses `sync_mode`"""
-    from fastxtend_prof import simpleprofiler
-    from fastxtend_prof.recorder import make_recorder
+    from fastxtend_prof.profiler import simpleprofiler
+    from fastxtend_prof.core.recorder import make_recorder
     syncs, timer = [], timer or MirrorTimer(clock)
     kw = {'none': {}, 'device': dict(sync_fn=lambda: syncs.append(1)), 'events': dict(timer=timer)}[mode]
     with pytest.MonkeyPatch.context() as mp:

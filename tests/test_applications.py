@@ -271,7 +271,7 @@ def test_text_classifier(num_workers):
     learn = assert_unchanged(build, lambda l: l.fit(1, 1e-2))
     assert_report(learn)
     # the stages name the text pipeline's tokenisation, which the stage advice tells apart (tokenise once, ahead)
-    from fastxtend_prof.stages import stage_tip
+    from fastxtend_prof.features.stages import stage_tip
     st = learn.profile_result.payload('stages')
     names = set(st[st.Phase == 'train'].Stage)
     assert {'x: Tokenizer', 'x: Numericalize', 'before_batch: Pad_Chunk'} <= names, names

@@ -51,7 +51,7 @@ def _fit(learn, epochs=1, profiling=False):
     r = learn.profile_result
     adv = [(a.rule, a.evidence.get('rank'), a.evidence.get('step')) for a in r.advice]
     import pandas as pd
-    from fastxtend_prof.arrivals import arrival_text
+    from fastxtend_prof.features.arrivals import arrival_text
     text = arrival_text(r.arrivals) if isinstance(r.arrivals, pd.DataFrame) else ''
     return dict(advice=adv, table=r.arrivals, results=r.results, merged=r.merged_results, text=text)
 
@@ -78,8 +78,9 @@ def _worker(rank, world, port, out, cases):
     rec = {}
     try:
         import functools
-        from fastxtend_prof import simpleprofiler, arrivals, distributed
-        from fastxtend_prof.recorder import make_recorder
+        from fastxtend_prof.profiler import simpleprofiler
+        from fastxtend_prof.features import arrivals, distributed
+        from fastxtend_prof.core.recorder import make_recorder
         from fastai.torch_core import set_seed
         from conftest import recorder_with
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
@@ -248,7 +249,7 @@ out, bench_dir, delay, work = sys.argv[1], sys.argv[2], float(sys.argv[3]), floa
 sys.path.insert(0, bench_dir)
 import ddp_straggler as bench
 import fastxtend_prof.all  # noqa: F401
-from fastxtend_prof.arrivals import arrival_text
+from fastxtend_prof.features.arrivals import arrival_text
 torch.set_num_threads(1)
 dist.init_process_group('gloo')  # torchrun's environment: RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
 rank, rec = dist.get_rank(), {}

@@ -1,4 +1,4 @@
-"""The item cache (`fastxtend_prof.cache`, nbs/39_cache) and `speed_find`'s trial of it, on real PNG files through a
+"""The item cache (`fastxtend_prof.tune.cache`, nbs/39_cache) and `speed_find`'s trial of it, on real PNG files through a
 vision `DataBlock` with `aug_transforms`: a seeded fit with the cache ends bit-identical to one without, with workers
 too, set by `speed_find(apply=True)` or from the file `speed_find(save=...)` wrote; what can't be cached is refused
 with the reason. The gain is judged on decoding emulated by a sleep in the dataset's own transform (which load cannot
@@ -12,8 +12,8 @@ from fastai.vision.all import (DataBlock, ImageBlock, CategoryBlock, get_image_f
                                RandTransform, fa_collate)
 from fastai.data.core import DataLoaders
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile, Learner.speed_find)
-from fastxtend_prof.cache import cache_items, cache_loaders, cache_prefix, probe_cache
-from fastxtend_prof.tune import load_speed, set_resize_on_batch
+from fastxtend_prof.tune.cache import cache_items, cache_loaders, cache_prefix, probe_cache
+from fastxtend_prof.tune.search import load_speed, set_resize_on_batch
 
 @pytest.fixture(scope='module')
 def pngs(tmp_path_factory):
@@ -165,7 +165,7 @@ def test_a_refused_cache_says_why_whole_and_the_progress_line_says_the_mean(pngs
     sleeps), tries the cache, and its fill refuses it; the trial's note and the progress line give the reason whole (it
     was cut mid-word at 160 characters: "its items are n..."), and each trial's progress line says its mean time a batch,
     the statistic its change against the best so far is of (it said the median), and how many pairs of blocks that rests on"""
-    from fastxtend_prof.report import format_duration
+    from fastxtend_prof.verdicts.report import format_duration
     class Noisy(Transform):
         order = 3
         def encodes(self, x:PILImage): random.random(); return x
@@ -324,8 +324,8 @@ def test_speed_find_keeps_the_disk_cache_where_memory_holds_a_third(jpegs, monke
     memory cache alone, tries it and keeps it; then the three are measured by the tuner's own trials, the disk cache
     against none and against the memory cache of what fits. A seeded fit with what speed_find kept is bit-identical to
     one without. Fails when the probe does not weigh the items (the memory cache is planned, as if all fit)"""
-    import fastxtend_prof.cache as fc
-    from fastxtend_prof.tune import run_trial, set_aside, _measured
+    import fastxtend_prof.tune.cache as fc
+    from fastxtend_prof.tune.search import run_trial, set_aside, _measured
     monkeypatch.setitem(DECODE, 's', 30e-3)
     learn = jpeg_learner(jpegs, get_x=sleepy_open)
     monkeypatch.setitem(DECODE, 's', 0.)

@@ -26,9 +26,9 @@ import numpy as np, pytest, torch
 from torch import nn
 from fastai.basics import Learner, DataLoaders, Callback, CrossEntropyLossFlat
 from fastxtend_prof.all import *
-from fastxtend_prof.compare import compare_profiles, slower_than, profile_of, SavedProfile
-from fastxtend_prof.recorder import StepSummary
-from fastxtend_prof.saved import save_profile
+from fastxtend_prof.verdicts.compare import compare_profiles, slower_than, profile_of, SavedProfile
+from fastxtend_prof.core.recorder import StepSummary
+from fastxtend_prof.core.saved import save_profile
 from conftest import recorder_with
 
 DELAY = 30e-3  # s added to opt_step's time, on the injected clock (no real time): many times the step's own, and far above
@@ -346,10 +346,10 @@ def test_cli_compares_a_folder_a_side_and_several_files(leveled):
 def test_one_samples_per_second_in_the_headline_compare_and_history():
     """The page's headline, the markdown summary, `compare`'s verdict and `history`'s table quote one rate for a run: the
     rate it trained at (train samples over train time), not the steady iteration's, which leaves the warmup out"""
-    from fastxtend_prof.page import headline
-    from fastxtend_prof.history import history, history_table
-    from fastxtend_prof.summary import run_markdown
-    from fastxtend_prof.saved import result_value
+    from fastxtend_prof.verdicts.page import headline
+    from fastxtend_prof.verdicts.history import history, history_table
+    from fastxtend_prof.verdicts.summary import run_markdown
+    from fastxtend_prof.core.saved import result_value
     runs = [profiled(mlp_learner(**SMALL), rounds=1), profiled(mlp_learner(bs=16, width=96), rounds=1)]
     rate = [result_value(r.results, 'fit', 'train') for r in runs]
     shown = [f'{v:,.0f}' for v in rate]

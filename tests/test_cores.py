@@ -12,7 +12,7 @@ import pytest, torch
 from torch import nn
 from fastai.basics import DataLoaders, Learner, CrossEntropyLossFlat
 import fastxtend_prof.all  # noqa: F401
-from fastxtend_prof.cores import CORE_WAIT_SHARE, STRETCHED
+from fastxtend_prof.features.cores import CORE_WAIT_SHARE, STRETCHED
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith('linux'), reason='reads Linux schedstat')
 

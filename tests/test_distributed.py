@@ -81,7 +81,7 @@ def _fit(learn, route, rec, **kw):
 
 def _gather(rec, name, results, **kw):
     "`gather_profile(results, **kw)` as `fit_ended` will call it, recording what this rank gets and sees"
-    from fastxtend_prof.distributed import gather_profile, straggler_advice, format_merged
+    from fastxtend_prof.features.distributed import gather_profile, straggler_advice, format_merged
     t0 = time.perf_counter()
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter('always')
@@ -132,7 +132,7 @@ def _worker(rank, world, port, out, route, scenario):
     rec = {}
     try:
         import fastxtend_prof.all  # noqa: F401  (Learner.profile, the before_draw event)
-        import fastxtend_prof.distributed as fxd
+        import fastxtend_prof.features.distributed as fxd
         fxd.GATHER_TIMEOUT = GATHER_TIMEOUT  # what `learn.profile()`'s own gather will wait
         if route == 'fastai':
             from fastai.distributed import DistributedDL
@@ -184,9 +184,9 @@ def failing(tmp_path_factory):
 # ----------------------------------------------------------------------------------------------------------- tests
 def test_rank0_gets_both_ranks(straggler):
     "Rank 0 holds the per-rank table of both ranks and the merged table; rank 1 holds neither"
-    from fastxtend_prof.saved import RESULT_COLS
-    from fastxtend_prof.distributed import RANK_COLS
-    from fastxtend_prof.flops import FLOP_COLS  # each rank counts its model's FLOPs (`flops=True`)
+    from fastxtend_prof.core.saved import RESULT_COLS
+    from fastxtend_prof.features.distributed import RANK_COLS
+    from fastxtend_prof.features.flops import FLOP_COLS  # each rank counts its model's FLOPs (`flops=True`)
     _, recs, _ = straggler
     assert [recs[r].get('fit_error') for r in (0, 1)] == [None, None]
     g0, g1 = recs[0]['gather'], recs[1]['gather']

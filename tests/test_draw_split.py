@@ -143,8 +143,8 @@ def quick_fit(tmp_path, **kwargs):
 def test_exports_and_summaries_keep_the_split(tmp_path):
     "The CSV and JSON hold the draw's parts; `keep_raw=False` summaries give the same calls and totals; a comparison compares them"
     import pandas as pd
-    from fastxtend_prof.saved import load_json
-    from fastxtend_prof.compare import compare_profiles
+    from fastxtend_prof.core.saved import load_json
+    from fastxtend_prof.verdicts.compare import compare_profiles
     learn = quick_fit(tmp_path)
     res = learn.simple_profile_results
     keys = lambda df: set(zip(df.Phase, df.Action, df.Step))
@@ -163,7 +163,7 @@ def test_exports_and_summaries_keep_the_split(tmp_path):
 
 def test_ranks_merge_the_split():
     "Two ranks' results merge into one table with the draw's parts, which still add up to the draw"
-    from fastxtend_prof.distributed import rank_table, merge_ranks
+    from fastxtend_prof.features.distributed import rank_table, merge_ranks
     res = profiled_fit({}, 'torch', 'none')
     merged = merge_ranks(rank_table({0: res, 1: res}))
     for p in ('train', 'valid'):

@@ -18,7 +18,7 @@ from fastai.data.transforms import ItemGetter
 from fastai.learner import Learner
 from fastai.losses import MSELossFlat
 import fastxtend_prof.all  # noqa: F401  (Learner.profile, Learner.profiling)
-from fastxtend_prof.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback
+from fastxtend_prof.profiler.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback
 from conftest import calls
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -65,7 +65,7 @@ LOADER = textwrap.dedent('''
     sys.meta_path.insert(0, NotInstalled())  # ahead of the editable install's finder and of the path finder
     sys.path.insert(0, sys.argv[3])          # the repository too: the package sits right there, and still cannot be imported
     assert not [m for m in sys.modules if m.split('.')[0] == 'fastxtend_prof'], 'imported before the blocker'
-    for m in ('fastxtend_prof', 'fastxtend_prof.simpleprofiler'):
+    for m in ('fastxtend_prof', 'fastxtend_prof.profiler.simpleprofiler'):
         try: __import__(m)
         except ModuleNotFoundError: pass
         else: raise AssertionError(f'the blocker let `import {m}` through')

@@ -8,8 +8,8 @@ from fastai.callback.schedule import *  # noqa: F401,F403  (fit_one_cycle)
 from fastai.learner import Learner
 from fastai.test_utils import synth_learner
 import fastxtend_prof.all  # noqa: F401  (Learner.profile)
-from fastxtend_prof import events
-from fastxtend_prof.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, IDLE
+from fastxtend_prof.core import events
+from fastxtend_prof.profiler.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, IDLE
 from conftest import calls
 
 PAIR = (SimpleProfilerCallback, SimpleProfilerPostCallback)

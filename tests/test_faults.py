@@ -32,10 +32,10 @@ from fastai.callback.progress import ProgressCallback
 from fastai.callback.training import ShortEpochCallback
 import fastai.callback.schedule  # noqa: F401  (fit_one_cycle, fine_tune, lr_find)
 import fastxtend_prof.all  # noqa: F401  (registers `before_draw`, patches `Learner.profile`)
-from fastxtend_prof import events
-from fastxtend_prof.saved import RESULT_COLS
-from fastxtend_prof.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, _MOVED
-from fastxtend_prof.features import FEATURES
+from fastxtend_prof.core import events
+from fastxtend_prof.core.saved import RESULT_COLS
+from fastxtend_prof.profiler.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, _MOVED
+from fastxtend_prof.core.features import FEATURES
 from conftest import row, calls, BatchLog, RaiseAt, LyingDL, BATCH_EVENTS, LOOP_EVENTS, FIT_EVENTS
 
 N_TRN, N_VAL, EPOCHS = 6, 2, 2     # synth batches of 16; every fit below runs 2 epochs unless said otherwise
@@ -616,7 +616,7 @@ def save_kw(fmt, name):
 
 def read_back(fmt, path):
     if fmt == 'csv': return pd.read_csv(path)
-    from fastxtend_prof.saved import load_json
+    from fastxtend_prof.core.saved import load_json
     return load_json(path)[0]
 
 def assert_same_results(back, df):
@@ -671,7 +671,7 @@ class _BrokenWrite(io.StringIO):
 @pytest.mark.parametrize('fmt', FORMATS)
 @pytest.mark.parametrize('exc', [OSError(28, 'No space left on device'), KeyboardInterrupt()], ids=['disk-full', 'ctrl-c'])
 def test_existing_target_never_half_written(fmt, exc, tmp_path, monkeypatch):
-    import fastxtend_prof.saved as saved  # its `atomic_write_text` writes every file
+    import fastxtend_prof.core.saved as saved  # its `atomic_write_text` writes every file
     target = tmp_path/f'prof.{fmt}'
     target.write_text('old, complete\n')
     real_fdopen = saved.os.fdopen

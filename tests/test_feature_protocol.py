@@ -15,9 +15,9 @@ from fastai.basics import Learner, DataLoaders, MSELossFlat
 from fastai.callback.progress import ProgressCallback
 from fastai.callback.tracker import SaveModelCallback
 import fastxtend_prof.all  # noqa: F401
-from fastxtend_prof.features import FEATURES, Feature, register_feature
-from fastxtend_prof.recorder import Phase, Relay
-from fastxtend_prof.advice import Advice
+from fastxtend_prof.core.features import FEATURES, Feature, register_feature
+from fastxtend_prof.core.recorder import Phase, Relay
+from fastxtend_prof.verdicts.advice import Advice
 from conftest import ManualClock, Tick, recorder_with, row
 
 PKG = Path(fastxtend_prof.all.__file__).parent
@@ -78,7 +78,7 @@ def test_a_feature_of_our_own_plugs_in(counted, capsys):
     assert row(r.results, 'train', 'iteration')['Batches Seen'] == 6  # its column
     assert 'Counted: 6 train batches.' in out                         # its line under the report
     assert 'too_many_batches' in [a.rule for a in r.advice] and '[info] too_many_batches: 6 batches seen' in out  # its rule
-    from fastxtend_prof.loggers import summary_values
+    from fastxtend_prof.features.loggers import summary_values
     assert summary_values(r.results)['profile/train/iteration_batches_seen'] == 6   # the loggers carry its column
 
 def test_a_feature_of_our_own_can_be_switched_off_or_left_out(counted):
@@ -106,7 +106,7 @@ def names_in(path) -> list:
 
 @pytest.mark.parametrize('module', ['simpleprofiler', 'result'])
 def test_the_composition_root_names_each_feature_once_at_most(module):
-    names = names_in(PKG/f'{module}.py')
+    names = names_in(PKG/'profiler'/f'{module}.py')
     for feature, classes in BUILT_IN.items():
         n = sum(names.count(x) for x in (feature, *classes))
         assert n <= 1, f'{module}.py names the {feature} feature {n} times'
@@ -126,7 +126,7 @@ def test_all_exports_at_most_31_names():
 def test_at_most_14_public_attributes_added_to_learner():
     "What importing the package adds to `Learner` (every module, fastai's callbacks imported first so their additions don't count)"
     probe = ('import fastai.basics, fastai.callback.all; from fastai.learner import Learner; before = set(dir(Learner)); '
-             'import fastxtend_prof.all, fastxtend_prof.tune, fastxtend_prof.plots, fastxtend_prof.cli, fastxtend_prof.digits; '
+             'import fastxtend_prof.all, fastxtend_prof.tune.search, fastxtend_prof.verdicts.plots, fastxtend_prof.cli, fastxtend_prof.digits; '
              'print(sorted(a for a in set(dir(Learner)) - before if not a.startswith("_")))')
     out = subprocess.run([sys.executable, '-c', probe], capture_output=True, text=True, check=True).stdout
     added = eval(out.strip().splitlines()[-1])
@@ -135,7 +135,7 @@ def test_at_most_14_public_attributes_added_to_learner():
 
 def test_no_test_double_in_a_library_module():
     found = []
-    for p in PKG.glob('*.py'):
+    for p in PKG.rglob('*.py'):
         if p.name in ('testing.py', '_modidx.py'): continue
         src = p.read_text()
         found += [f'{p.name}: {m}' for m in re.findall(r'^(?:class|def) (Fake\w*|fake_\w*|synthetic_run|_?ManualClock)\b', src, re.M)]

@@ -14,9 +14,9 @@ from fastai.basics import Learner, DataLoaders, MSELossFlat, set_seed
 from fastai.callback.progress import CSVLogger
 from fastai.data.load import DataLoader
 import fastxtend_prof.all  # noqa: F401
-from fastxtend_prof.flops import FLOP_COLS, flops_text, measure_peak
-from fastxtend_prof.gains import what_if
-from fastxtend_prof.live import LIVE_NAMES
+from fastxtend_prof.features.flops import FLOP_COLS, flops_text, measure_peak
+from fastxtend_prof.verdicts.gains import what_if
+from fastxtend_prof.features.live import LIVE_NAMES
 from conftest import row, ManualClock
 
 def tensor_learner(model, n=64, bs=16, shape=(20,), out=8, drop_last=True, seed=0, create_batch=None, **kw):
@@ -193,7 +193,7 @@ def test_one_matmul_learner_mfu_against_the_measured_peak(sync_mode, monkeypatch
     injected clocks (the fit's, and the one `measure_peak` reads): on the real one, CI's loaded machine measured the peak in
     a busier moment than the fit (141%), so the test measured the machine. The real ratio on a GPU: test_gpu_flops.py"""
     import itertools, types
-    import fastxtend_prof.flops as fl
+    import fastxtend_prof.features.flops as fl
     ticks = itertools.count()
     monkeypatch.setattr(fl, 'time', types.SimpleNamespace(perf_counter=lambda: 0.1*next(ticks)))  # each read 100 ms after the last
     monkeypatch.setattr(fl, '_PEAKS', {})  # measured now, on that clock
@@ -301,8 +301,8 @@ def test_live_in_profiling_block(capsys):
 
 # --------------------------------------------------------------------------------------- files, loggers, comparison
 def test_files_and_comparison_carry_flops(tmp_path):
-    from fastxtend_prof.compare import compare_profiles, load_profile
-    from fastxtend_prof.loggers import summary_values
+    from fastxtend_prof.verdicts.compare import compare_profiles, load_profile
+    from fastxtend_prof.features.loggers import summary_values
     a = fit(tensor_learner(nn.Sequential(nn.Linear(20, 64), nn.Linear(64, 8)), n=16*40, path=tmp_path), save_json='a.json', save_csv=True,
             csv_name='a.csv')
     csv = pd.read_csv(tmp_path/'a.csv')
@@ -353,7 +353,7 @@ def test_profiling_block_counts_again_when_the_model_changes():
 
 def test_a_peak_measured_under_load_is_measured_again(monkeypatch):
     "A cached peak below what the fit itself reached (measured while other work held the cores) is measured again, the larger kept"
-    import fastxtend_prof.flops as fl
+    import fastxtend_prof.features.flops as fl
     key = ('cpu', 'fp32', torch.get_num_threads())
     monkeypatch.setitem(fl._PEAKS, key, 1e6)  # 1 MFLOP/s: as if measured on a machine busy with other work
     learn = fit(tensor_learner(nn.Linear(256, 256, bias=False), n=16*128, bs=128, shape=(256,), out=256))

@@ -11,7 +11,7 @@ from fastai.basics import Learner, DataLoaders, SGD
 from fastai.callback.fp16 import MixedPrecision
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
-from fastxtend_prof.flops import datasheet_peak
+from fastxtend_prof.features.flops import datasheet_peak
 from conftest import row
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA device; this machine has none')]

@@ -14,13 +14,13 @@ from fastai.callback.core import (Callback, CancelBatchException, CancelEpochExc
                                   CancelStepException, CancelBackwardException)
 from fastai.test_utils import synth_learner, synth_dbunch, RegModel
 from fastai.callback.progress import ProgressCallback
-from fastxtend_prof.flops import FLOP_COLS
+from fastxtend_prof.features.flops import FLOP_COLS
 from fastai.callback.training import GradientAccumulation, ShortEpochCallback
 from fastai.callback.fp16 import MixedPrecision
 import fastai.callback.schedule  # noqa: F401  (Learner.lr_find)
 from fastxtend_prof.all import *  # registers `before_draw` and patches `Learner.profile`
-from fastxtend_prof import events
-from fastxtend_prof.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback
+from fastxtend_prof.core import events
+from fastxtend_prof.profiler.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback
 from conftest import row, calls, BatchLog, RaiseAt, LyingDL
 
 N_TRN, N_VAL = 10, 2  # synth_learner's batches of 16
@@ -592,7 +592,7 @@ def test_star_import_beside_fastai_changes_no_fastai_name(ours_first):
 
 def test_callback_attributes_keep_their_identity_during_a_fit(tmp_path):
     "The pair's state is one session object and the handlers bound to it (`_events`), set in Pre's `before_fit`; no attribute of either callback changes until the fit ends"
-    from fastxtend_prof.simpleprofiler import IDLE, FitSession
+    from fastxtend_prof.profiler.simpleprofiler import IDLE, FitSession
     snaps = []
     class Snap(Callback):
         order = 0  # after Pre's before_fit, which opens the session

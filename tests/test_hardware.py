@@ -9,7 +9,7 @@ from fastai.callback.core import Callback
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401
 from conftest import cpu_learner
-from fastxtend_prof import hardware
+from fastxtend_prof.features import hardware
 
 class FakeNvml:
     "A GPU drawing 300 W whose GPM metrics read 40%: energy from the host clock, so load on the machine cannot change it"

@@ -12,10 +12,10 @@ from torch import nn
 from fastai.basics import Learner, DataLoaders, MSELossFlat
 from fastai.callback.core import Callback
 import fastxtend_prof.all  # noqa: F401
-from fastxtend_prof.saved import LABEL_ENV, SavedProfile, load_profile, save_profile
-from fastxtend_prof.history import accepted_runs, change_text, gate, history, history_text, run_name, verdict_text
-from fastxtend_prof.summary import SUMMARY_SCHEMA, history_bmf, history_markdown, history_summary, run_bmf, run_markdown, run_summary
-from fastxtend_prof.compare import compare_profiles
+from fastxtend_prof.core.saved import LABEL_ENV, SavedProfile, load_profile, save_profile
+from fastxtend_prof.verdicts.history import accepted_runs, change_text, gate, history, history_text, run_name, verdict_text
+from fastxtend_prof.verdicts.summary import SUMMARY_SCHEMA, history_bmf, history_markdown, history_summary, run_bmf, run_markdown, run_summary
+from fastxtend_prof.verdicts.compare import compare_profiles
 
 DATA = Path(__file__).parent/'data'
 BASE = load_profile(DATA/'v2_stages.json')

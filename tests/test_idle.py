@@ -14,8 +14,8 @@ from fastai.data.core import DataLoaders
 from fastai.callback.core import Callback
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401
-from fastxtend_prof.testing import FakeDevice
-from fastxtend_prof.idle import SYNC_MESSAGE, SyncWatch, idle_text
+from fastxtend_prof.profiler.testing import FakeDevice
+from fastxtend_prof.features.idle import SYNC_MESSAGE, SyncWatch, idle_text
 from conftest import recorder_with, cpu_learner
 
 class Sim(Callback):
@@ -124,7 +124,7 @@ def test_on_a_cpu_it_says_in_one_line_that_it_needs_a_gpu():
 def test_the_saved_run_holds_the_causes(item_runs, tmp_path):
     import json, jsonschema
     from pathlib import Path
-    from fastxtend_prof.saved import save_profile, load_profile
+    from fastxtend_prof.core.saved import save_profile, load_profile
     a = item_runs[0]
     save_profile(a.profile_result.saved(a), tmp_path/'run.json')
     doc = json.loads((tmp_path/'run.json').read_text())

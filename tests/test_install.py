@@ -82,5 +82,5 @@ def test_wheel_installs_beside_an_existing_torch_and_runs_outside_the_clone(tmp_
     (elsewhere/'quick_start.py').write_text(quick_start())
     res = run([sys.executable, 'quick_start.py'], out, elsewhere, timeout=300)
     assert 'Simple Profiler report' in res and 'Advice' in res, res[-2000:]
-    schema = run([sys.executable, '-c', 'import json; from fastxtend_prof.saved import SCHEMA; json.loads(SCHEMA.read_text()); print(SCHEMA)'], out, elsewhere)
+    schema = run([sys.executable, '-c', 'import json; from fastxtend_prof.core.saved import SCHEMA; json.loads(SCHEMA.read_text()); print(SCHEMA)'], out, elsewhere)
     assert str(target) in schema, schema   # the saved run's JSON Schema ships in the wheel

@@ -8,14 +8,14 @@ from fastai.callback.core import Callback
 from fastai.test_utils import synth_learner
 from fastai.callback.progress import *  # noqa: F401,F403  (learn.no_bar)
 from fastai.callback.schedule import *  # noqa: F401,F403  (learn.lr_find)
-from fastxtend_prof.recorder import Phase, BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, POST_AFTER_BATCH, SAMPLES, FLAGS, NO_STEP
-from fastxtend_prof.saved import RESULT_COLS
-from fastxtend_prof.flops import FLOP_COLS
-from fastxtend_prof.live import LIVE_KEYS
-from fastxtend_prof.loggers import (KNOWN_LOGGERS, Logger, LoggerHub, register_logger, check_logger_callback,
+from fastxtend_prof.core.recorder import Phase, BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, POST_AFTER_BATCH, SAMPLES, FLAGS, NO_STEP
+from fastxtend_prof.core.saved import RESULT_COLS
+from fastxtend_prof.features.flops import FLOP_COLS
+from fastxtend_prof.features.live import LIVE_KEYS
+from fastxtend_prof.features.loggers import (KNOWN_LOGGERS, Logger, LoggerHub, register_logger, check_logger_callback,
                                     fastai_wandb_bug_4173)
-import fastxtend_prof.loggers as loggers
-import fastxtend_prof.simpleprofiler  # noqa: F401  (adds Learner.profile)
+import fastxtend_prof.features.loggers as loggers
+import fastxtend_prof.profiler.simpleprofiler  # noqa: F401  (adds Learner.profile)
 
 EPOCHS, N_TRAIN = 2, 10  # synth_learner: 10 train batches of 16 an epoch, 2 valid
 
@@ -352,9 +352,9 @@ def test_profile_tensorboard(tmp_path):
 
 def test_live_values_with_folded_rows():
     "With `keep_raw=False` the recorder folds its rows away every `chunk` batches: the window holds what is still buffered"
-    from fastxtend_prof.recorder import TimingRecorder, Step, PRE_AFTER_BATCH
-    from fastxtend_prof.testing import FakeClock
-    from fastxtend_prof.live import live_values, train_window
+    from fastxtend_prof.core.recorder import TimingRecorder, Step, PRE_AFTER_BATCH
+    from fastxtend_prof.profiler.testing import FakeClock
+    from fastxtend_prof.features.live import live_values, train_window
     if 'keep_raw' not in inspect.signature(TimingRecorder).parameters: pytest.skip('this recorder keeps every row')
     raw, lean = TimingRecorder(warmup=1, clock=FakeClock(step=0.5)), TimingRecorder(warmup=1, clock=FakeClock(step=0.5), keep_raw=False, chunk=4)
     for r in (raw, lean): r.start(Step.FIT); r.start(Step.EPOCH); r.begin_phase(Phase.TRAIN)

@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from fastai.basics import Learner, DataLoaders, SGD
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
-from fastxtend_prof import memory
-from fastxtend_prof.memory import memory_stats
-from fastxtend_prof.testing import FakeMemory
-from fastxtend_prof.loggers import summary_values
+from fastxtend_prof.features import memory
+from fastxtend_prof.features.memory import memory_stats
+from fastxtend_prof.profiler.testing import FakeMemory
+from fastxtend_prof.features.loggers import summary_values
 
 KiB = 1024
 RESIDENT, ACT, LOSS, GRAD, STATE, TMP = 100*KiB, 64*KiB, 4*KiB, 16*KiB, 32*KiB, 8*KiB

@@ -5,7 +5,7 @@ from fastai.callback.core import Callback
 from fastai.callback.schedule import *  # noqa: F401,F403  (fine_tune)
 from fastai.test_utils import synth_learner
 import fastxtend_prof.all  # noqa: F401  (Learner.profile, Learner.profiling)
-from fastxtend_prof.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback
+from fastxtend_prof.profiler.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback
 from conftest import calls
 
 N_TRN = 4
@@ -29,7 +29,7 @@ def test_one_fit_default_says_when_the_next_fit_ran_unprofiled(capsys):
     assert learn.profile_result.title.endswith('a later fit ran unprofiled')
 
 def test_separate_fits_later_are_not_flagged(capsys, monkeypatch):
-    from fastxtend_prof import simpleprofiler
+    from fastxtend_prof.profiler import simpleprofiler
     monkeypatch.setattr(simpleprofiler, '_SOON_S', 0.0)  # the next fit comes "later", as a new cell would
     learn = synth_learner(n_trn=N_TRN).profile(show_report=False)
     with learn.no_logging(): learn.fit(1); learn.fit(1)

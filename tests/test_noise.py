@@ -11,9 +11,9 @@ from torch import nn
 from fastai.basics import Learner, DataLoaders, Callback, CrossEntropyLossFlat
 from fastai.callback.schedule import fit_one_cycle  # noqa: F401  (adds Learner.fit_one_cycle)
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile and Learner.noise_find)
-from fastxtend_prof.compare import compare_profiles
-from fastxtend_prof.noise import Noise, load_noise
-from fastxtend_prof.saved import profile_of, save_profile
+from fastxtend_prof.verdicts.compare import compare_profiles
+from fastxtend_prof.verdicts.noise import Noise, load_noise
+from fastxtend_prof.core.saved import profile_of, save_profile
 from conftest import recorder_with
 from test_applications import state, differences, run, one_thread  # noqa: F401  (one_thread: a fixture)
 
@@ -78,7 +78,7 @@ def test_one_run_a_side_with_the_record_counts_the_machine_between_runs(tmp_path
     much = fit((RUN_LEVELS[0]*20,))   # 20 times the level: far past what the record's spread allows
     assert compare_profiles(a, much, noise=n).set_index(['Phase', 'Step']).loc[('train', 'iteration'), 'Result'] == 'slower'
     save_profile(a, tmp_path/'a.json'); save_profile(b, tmp_path/'b.json')
-    from fastxtend_prof.noise import save_noise
+    from fastxtend_prof.verdicts.noise import save_noise
     save_noise(n, tmp_path/'noise.json')
     cli = lambda *args: subprocess.run([sys.executable, '-m', 'fastxtend_prof', 'compare', *map(str, args)], capture_output=True, text=True, timeout=300)
     plain, counted = cli(tmp_path/'a.json', tmp_path/'b.json', '--fail-on-regression', 10), cli(tmp_path/'a.json', tmp_path/'b.json', '--noise', tmp_path/'noise.json', '--fail-on-regression', 10)

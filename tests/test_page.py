@@ -11,8 +11,8 @@ from fastai.test_utils import RegModel
 from fastai.callback.progress import ProgressCallback  # noqa: F401  (adds `learn.no_bar`)
 from fasttransform import Transform, Pipeline
 import fastxtend_prof.all  # noqa: F401
-from fastxtend_prof.page import MAX_POINTS, PANELS, save_html, esc
-from fastxtend_prof.saved import SavedProfile, profile_of
+from fastxtend_prof.verdicts.page import MAX_POINTS, PANELS, save_html, esc
+from fastxtend_prof.core.saved import SavedProfile, profile_of
 from chromium import Browser, why_no_browser, distinct_colours
 from test_run import DDP, env, free_port, write, TIMEOUT
 

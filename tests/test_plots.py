@@ -4,9 +4,9 @@ import numpy as np, pytest
 from fastai.test_utils import synth_learner
 from fastai.callback.core import Callback, CancelStepException
 from fastai.callback.progress import *  # noqa: F403  (`learn.no_bar()`)
-import fastxtend_prof.simpleprofiler  # noqa: F401  (adds Learner.profile)
-from fastxtend_prof.recorder import Phase
-from fastxtend_prof.plots import timeline_frame, plot_profile, plot_timeline, save_plots, SEGMENTS, BETWEEN, DRAW_PARTS, segment_names, LEGEND_MIN_SHARE
+import fastxtend_prof.profiler.simpleprofiler  # noqa: F401  (adds Learner.profile)
+from fastxtend_prof.core.recorder import Phase
+from fastxtend_prof.verdicts.plots import timeline_frame, plot_profile, plot_timeline, save_plots, SEGMENTS, BETWEEN, DRAW_PARTS, segment_names, LEGEND_MIN_SHARE
 from matplotlib.patches import StepPatch
 import matplotlib.pyplot as plt
 
@@ -196,7 +196,7 @@ def test_breakdown_legend_leaves_out_what_cannot_be_seen():
 
 def test_compare_chart_gives_each_step_its_colour(learn):
     "forward (train) and predict (valid) in two colours; each step the same colour in base and new"
-    from fastxtend_prof.compare import plot_comparison
+    from fastxtend_prof.verdicts.compare import plot_comparison
     ax = plot_comparison(learn, learn).axes[0]
     color = {p.get_gid(): p.get_facecolor() for p in ax.patches if p.get_gid()}
     assert color['train:base:forward'] != color['valid:base:predict']
@@ -208,7 +208,7 @@ def test_compare_chart_gives_each_step_its_colour(learn):
 def test_tune_chart_legend_is_inside_the_figure(n):
     "The speed_find chart's legend lies wholly inside the figure, for short figures too (it used to fall off the bottom)"
     import pandas as pd
-    from fastxtend_prof.tune import SpeedResult
+    from fastxtend_prof.tune.search import SpeedResult
     sps = 100. + 50*np.arange(n)
     trials = pd.DataFrame({'Change': ['start'] + [f'num_workers={i}' for i in range(1, n)], 'Samples/s': sps, 'Samples/s Low': sps - 10,
                            'Samples/s High': sps + 10, 'Accepted': [True]*n, 'Predicted': 64/(sps*0.9)})
@@ -223,10 +223,10 @@ def test_every_chart_gives_a_step_one_colour(learn):
     """The PNG charts, the report page's overview, timeline and distributions and the history page colour each step from
     one map (`report.STEP_COLORS`); the timeline's warmup markers take their line's colour"""
     from matplotlib.colors import to_hex
-    from fastxtend_prof.report import STEP_COLORS
-    from fastxtend_prof.page import overview_figure, timeline_figure, timeline_series, distribution_figure
-    from fastxtend_prof.history import history, history_figure
-    from fastxtend_prof.saved import profile_of
+    from fastxtend_prof.verdicts.report import STEP_COLORS
+    from fastxtend_prof.verdicts.page import overview_figure, timeline_figure, timeline_series, distribution_figure
+    from fastxtend_prof.verdicts.history import history, history_figure
+    from fastxtend_prof.core.saved import profile_of
     prof, seen = profile_of(learn), {}
     def saw(chart, name, colour):
         if name in STEP_COLORS: seen.setdefault(name, {})[chart] = colour if colour is None else to_hex(colour)

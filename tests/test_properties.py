@@ -12,9 +12,9 @@
 import math
 import numpy as np, pytest
 from hypothesis import given, settings, example, strategies as st, HealthCheck
-from fastxtend_prof.recorder import (empty_runs, stats, StepSummary, EDGES, STAT_COLS, TimingRecorder, summarize, phase_intervals,
+from fastxtend_prof.core.recorder import (empty_runs, stats, StepSummary, EDGES, STAT_COLS, TimingRecorder, summarize, phase_intervals,
                                      Phase, Step, N_SLOTS, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH, NO_BACKWARD, NO_STEP)
-from fastxtend_prof.testing import FakeClock
+from fastxtend_prof.profiler.testing import FakeClock
 
 BIN = 10**(1/50)  # the width of one histogram bin, as a ratio (BINS_PER_DECADE = 50)
 QS = (0.0, 0.01, 0.25, 0.5, 0.9, 0.99, 1.0)

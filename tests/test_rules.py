@@ -12,13 +12,13 @@ from fastai.callback.core import Callback
 from fastai.callback.progress import ProgressCallback  # noqa: F401  (adds the progress bar to new Learners, as users have it)
 from fastai.test_utils import synth_learner
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
-from fastxtend_prof import trace
-from fastxtend_prof.recorder import Phase
-from fastxtend_prof.advice import Advice
-from fastxtend_prof.rules import (RULES, advise, data_bound, startup, host_bound_opt_step, heavy_callbacks, unstable_steps,
+from fastxtend_prof.features import trace
+from fastxtend_prof.core.recorder import Phase
+from fastxtend_prof.verdicts.advice import Advice
+from fastxtend_prof.verdicts.rules import (RULES, advise, data_bound, startup, host_bound_opt_step, heavy_callbacks, unstable_steps,
     host_timing, run_context)
-from fastxtend_prof.testing import synthetic_run
-from fastxtend_prof.trace import RANGE_NAMES, TraceWindow, TraceObserver
+from fastxtend_prof.profiler.testing import synthetic_run
+from fastxtend_prof.features.trace import RANGE_NAMES, TraceWindow, TraceObserver
 from conftest import busy, ManualClock, Tick, recorder_with
 
 CTX = dict(device='cpu', sync='none', num_workers=0, pin_memory=False, persistent_workers=False, loader='fastai',
@@ -218,7 +218,7 @@ def test_trace_window_too_short_fit_warns(tmp_path):
 
 def test_profiler_start_stop_goes_to_the_trace_row(tmp_path):
     "On a fake clock: torch.profiler taking 10 s to start and to stop lands in the batches flagged for the `trace` row"
-    from fastxtend_prof.recorder import Step, summarize, TRACED, FLAGS, TimingRecorder
+    from fastxtend_prof.core.recorder import Step, summarize, TRACED, FLAGS, TimingRecorder
     from conftest import ManualClock
     clk = ManualClock()
     class SlowWindow(TraceWindow):
@@ -345,7 +345,7 @@ def test_host_overhead_against_arithmetic_on_an_injected_clock(sync_mode, monkey
     overhead (the probe on one-element tensors costs what the fit's step costs): the rule speaks. Two tensors of a million
     values at 4 ns a value are its arithmetic (the probe 0.2% of the step): the rule is silent"""
     from fastai.optimizer import Optimizer
-    from fastxtend_prof import rules
+    from fastxtend_prof.verdicts import rules
     clock = ManualClock()
     sync_mode(clock)
     monkeypatch.setattr(rules, 'PROBE_CLOCK', clock)

@@ -86,7 +86,7 @@ def test_script_profiled_fit_by_fit(profiled):
     assert files == [f'fit{n}.{ext}' for n in (1, 2, 3) for ext in ('csv', 'json', 'png')]
     for n in (1, 2, 3):  # the report names the files it wrote, each fit its own
         assert re.search(rf'Saved: .*{re.escape(str(out/f"fit{n}.csv"))}.*{re.escape(str(out/f"fit{n}.json"))}', p.stdout)
-    from fastxtend_prof.saved import load_json
+    from fastxtend_prof.core.saved import load_json
     assert load_json(out/'fit3.json')[0].query("Phase == 'fit' and Step == 'fit'")['Number of Calls'].iloc[0] == 1
 
 def test_script_run_observed_only(digits, profiled):

@@ -1,4 +1,4 @@
-"""The saved run (`fastxtend_prof.saved`) as users meet it: a file from anywhere never crashes the reader or the tools
+"""The saved run (`fastxtend_prof.core.saved`) as users meet it: a file from anywhere never crashes the reader or the tools
 (hypothesis mutates a real file; every shape the issue listed, and more, through `report` and `compare`: one line, exit
 2, no traceback, within 5 s, a damaged baseline named as the baseline), files of the previous version still open, the
 page's headline is the rate the run trained at, and writing a run's file needs neither the page nor the comparison."""
@@ -15,9 +15,9 @@ from fastai.test_utils import RegModel
 from fastai.callback.core import Callback
 from fastai.callback.progress import ProgressCallback  # noqa: F401  (adds `learn.no_bar`)
 import fastxtend_prof.all  # noqa: F401
-from fastxtend_prof.saved import SCHEMA, MAX_BYTES, MAX_VALUES, ProfileFileError, SavedProfile, load_profile, migrate, profile_from_doc, save_profile
-from fastxtend_prof.compare import compare_profiles, comparison_text
-from fastxtend_prof.page import profile_page
+from fastxtend_prof.core.saved import SCHEMA, MAX_BYTES, MAX_VALUES, ProfileFileError, SavedProfile, load_profile, migrate, profile_from_doc, save_profile
+from fastxtend_prof.verdicts.compare import compare_profiles, comparison_text
+from fastxtend_prof.verdicts.page import profile_page
 
 DATA = Path(__file__).parent/'data'
 V2, V1 = DATA/'v2_stages.json', DATA/'v1_run.json'  # written by the version before the saved-run module (format 2), and a format-1 file
@@ -332,7 +332,7 @@ def test_the_page_headline_is_the_rate_the_run_trained_at(tmp_path):
 
 # --------------------------------------------------------------------------------------------- writing a run's file
 WRITE = """import sys
-sys.modules['fastxtend_prof.page'] = None  # the page tool can't be imported: writing the run's JSON must not need it
+sys.modules['fastxtend_prof.verdicts.page'] = None  # the page tool can't be imported: writing the run's JSON must not need it
 import torch, fastxtend_prof.all
 from fastai.test_utils import synth_learner
 learn = synth_learner(n_trn=4)

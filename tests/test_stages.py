@@ -21,8 +21,8 @@ import fasttransform.transform as _ft
 from fastai.vision.all import DataBlock, ImageBlock, CategoryBlock, PILImageBW, TensorImage, Transform, Resize, fa_collate, Learner, RandomSplitter
 from fastai.data.core import DataLoaders
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile)
-from fastxtend_prof import stages
-from fastxtend_prof.testing import ManualClock, busy_cores
+from fastxtend_prof.features import stages
+from fastxtend_prof.profiler.testing import ManualClock, busy_cores
 
 DECODE, ITEM, BATCH, COLLATE = 5e-3, 10e-3, 15e-3, 20e-3  # the delays of the decoding, the item transform, the batch transform, the collation
 BS, N = 8, 48  # 4 train batches (drop_last) and 2 valid batches a fit
@@ -212,7 +212,7 @@ def test_csv_json_and_the_comparison_carry_the_stages(tmp_path):
         assert list(back.columns) == list(payload.columns) and len(back) == len(payload)
         assert np.allclose(back['Median Duration'], payload['Median Duration'])
         paths[w] = tmp_path/f'w{w}.json'
-    from fastxtend_prof.compare import compare_profiles, comparison_text
+    from fastxtend_prof.verdicts.compare import compare_profiles, comparison_text
     cmp = compare_profiles(paths[0], paths[2])
     st = cmp.attrs['stages'].set_index(['Phase', 'Stage'])
     assert st.loc[('train', 'collate'), 'Base Where'] == 'main' and st.loc[('train', 'collate'), 'New Where'] == 'workers'

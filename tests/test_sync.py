@@ -5,8 +5,8 @@ from fastai.test_utils import synth_learner
 from fastai.callback.progress import ProgressCallback
 import fastxtend_prof.all  # noqa: F401  (Learner.profile)
 from conftest import ManualClock, Tick
-import fastxtend_prof.recorder as rec_mod
-from fastxtend_prof.recorder import (TimingRecorder, EventRecorder, TorchEventTimer, summarize, device_view,
+import fastxtend_prof.core.recorder as rec_mod
+from fastxtend_prof.core.recorder import (TimingRecorder, EventRecorder, TorchEventTimer, summarize, device_view,
                                      Phase, Step, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP, AFTER_STEP, PRE_AFTER_BATCH, N_SLOTS)
 
 TICKS = dict(before_batch=1e-4, after_pred=2e-4, after_loss=3e-4, before_backward=4e-4, after_backward=5e-4, before_step=6e-4, after_step=7e-4)

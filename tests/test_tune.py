@@ -17,13 +17,13 @@ from fastai.callback.fp16 import MixedPrecision
 from fastai.callback.core import Callback
 from fastai.callback.schedule import fit_one_cycle  # noqa: F401  (adds Learner.fit_one_cycle)
 import fastxtend_prof.all  # noqa: F401  (adds Learner.profile and Learner.speed_find)
-import fastxtend_prof.tune
-from fastxtend_prof.tune import (plan, predict_workers, tune_context, steady_times, SETTERS, LearnerState, set_aside, set_num_workers,
+import fastxtend_prof.tune.search
+from fastxtend_prof.tune.search import (plan, predict_workers, tune_context, steady_times, SETTERS, LearnerState, set_aside, set_num_workers,
                                  run_trial, cores, probe_loader, probe_handoff)
-from fastxtend_prof.stages import WAITING
-from fastxtend_prof.cache import RandomStates
-from fastxtend_prof.testing import busy_cores
-from fastxtend_prof.recorder import Step
+from fastxtend_prof.features.stages import WAITING
+from fastxtend_prof.core.features import RandomStates
+from fastxtend_prof.profiler.testing import busy_cores
+from fastxtend_prof.core.recorder import Step
 from conftest import busy, ManualClock
 from test_applications import _vision, digits_dir, image_dls, adult_like, state, differences, run, one_thread, SEED  # noqa: F401  (fixtures: digits_dir, one_thread)
 
@@ -82,9 +82,9 @@ def test_data_bound_run_gets_workers_and_proof(capsys, monkeypatch):
     # The loader read as computing, so the workers stay within the cores: the prediction this test holds to 30%. Beyond the
     # cores (a loader that waits) the prediction is a quiet machine's: on 2 loaded cores 8 workers measured 14.9 ms a batch
     # against 8.4 predicted. That case is `test_speed_find_gives_a_waiting_loader_more_workers_than_cores`.
-    real = fastxtend_prof.tune.probe_loader
-    monkeypatch.setattr(fastxtend_prof.tune, 'probe_loader', lambda learn, **kw: (1., *real(learn, **kw)[1:]))
-    monkeypatch.setattr(fastxtend_prof.tune, 'SPARE', 0)  # workers within the cores: a spare worker on sleeping items beats the cores' bound
+    real = fastxtend_prof.tune.search.probe_loader
+    monkeypatch.setattr(fastxtend_prof.tune.search, 'probe_loader', lambda learn, **kw: (1., *real(learn, **kw)[1:]))
+    monkeypatch.setattr(fastxtend_prof.tune.search, 'SPARE', 0)  # workers within the cores: a spare worker on sleeping items beats the cores' bound
     # Items that sleep 5 ms: loader workers that spin would take the cores the main process's compute needs, and on a busy
     # machine (CI runs under load, test processes beside spinning ones) 2 workers then measured 37% slower than predicted.
     # Sleeping items load the same whatever else runs; the tuner's logic and prediction are the same. 5 ms, not the issue's
@@ -193,7 +193,7 @@ def test_budget_holds(monkeypatch, sync_mode):
     assert len(res.trials) == 1 and any('max_batches' in n for n in res.notes), res.text()
     clock = ManualClock()
     sync_mode(clock)
-    monkeypatch.setattr(fastxtend_prof.tune, 'time', SimpleNamespace(monotonic=clock, perf_counter=time.perf_counter))
+    monkeypatch.setattr(fastxtend_prof.tune.search, 'time', SimpleNamespace(monotonic=clock, perf_counter=time.perf_counter))
     learn = busy_learner(spend=clock.spend)
     res = learn.speed_find(max_time=0.4, show=False)
     # a trial stops at the end of the batch the deadline falls in; the loader's probe then makes its one batch (it gets a
@@ -330,7 +330,7 @@ def test_a_loader_that_computes_gets_a_spare_worker(monkeypatch):
     assert predict_workers(0.012, 0.013, 0, 3, 2, **HAND) == pytest.approx(0.001 + r + (0.012 + h)*2/(3*2))
     assert [f.value for f in plan(times, ctx)[0]] == [3]
     assert [f.value for f in plan(times, {**ctx, 'n_batches': 2})[0]] == [2]  # never more workers than batches
-    monkeypatch.setattr(fastxtend_prof.tune, 'SPARE', 0)
+    monkeypatch.setattr(fastxtend_prof.tune.search, 'SPARE', 0)
     assert [f.value for f in plan(times, ctx)[0]] == [2]
 
 def test_a_waiting_loader_is_planned_workers_with_headroom(monkeypatch):
@@ -346,9 +346,9 @@ def test_a_waiting_loader_is_planned_workers_with_headroom(monkeypatch):
     # 4-11% slower than the best of 3 to 6 workers in six comparisons; 4 were 0-8% slower
     sweep = {Step.ITERATION: 0.0191, Step.WAIT: 0.0145, Step.FORWARD: 0.002}
     assert [f.value for f in plan(sweep, {**ctx, 'loader_share': 0.124, 'loader_batch': 0.0149})[0]] == [4]
-    monkeypatch.setattr(fastxtend_prof.tune, 'SLACK', 1.25)
+    monkeypatch.setattr(fastxtend_prof.tune.search, 'SLACK', 1.25)
     assert [f.value for f in plan(sweep, {**ctx, 'loader_share': 0.124, 'loader_batch': 0.0149})[0]] == [3]
-    monkeypatch.setattr(fastxtend_prof.tune, 'SLACK', 1.)
+    monkeypatch.setattr(fastxtend_prof.tune.search, 'SLACK', 1.)
     assert [f.value for f in plan(times, ctx)[0]] == [3]
     fast = {**ctx, 'receive': 0.}  # the loop's floor without the hand-over: more workers, faster
     assert [f.value for f in plan(times, fast)[0]] == [5] and plan(times, fast)[0][0].predicted == pytest.approx(0.003)
@@ -435,7 +435,7 @@ def test_the_hand_over_is_measured_on_the_machine():
 
 def test_speed_find_gives_a_waiting_loader_more_workers_than_cores(monkeypatch):
     "Items that sleep 10 ms (storage): on 2 cores speed_find tries and keeps more than 2 workers; the Learner is put back"
-    monkeypatch.setattr(fastxtend_prof.tune, 'cores', lambda: 2)  # the same plan on any machine
+    monkeypatch.setattr(fastxtend_prof.tune.search, 'cores', lambda: 2)  # the same plan on any machine
     learn = busy_learner(item=10e-3, sleep=True)  # 80 ms of loading a batch, 1 ms of compute
     before = snapshot(learn)
     res = learn.speed_find(max_time=90, show=False)
@@ -471,7 +471,7 @@ def test_an_undo_puts_back_what_was_not_the_objects_own():
     """A setter's undo leaves each object as it was, to its `__dict__`: its own value and a property's put back; a class's
     default or method not left behind as the object's own (the loader's batch transforms that `probe_loader` times are
     the class's method on a plain fastai DataLoader). Breaks it: an undo that sets back every value read"""
-    from fastxtend_prof.tune import _assign
+    from fastxtend_prof.tune.search import _assign
     class Thing:
         default = 1
         def method(self): return 'class'
@@ -524,11 +524,11 @@ def test_a_fix_from_outside_the_package_is_tried_kept_saved_loaded_and_applied(t
     below), puts the Learner back and saves it; `load_speed` takes its value through the fix's own `check`, and `apply` sets
     it on a Learner built again with what its `persist` adds; the text says what it was. A value its check refuses, and the
     fix once unknown, are refused in one line"""
-    from fastxtend_prof.tune import STRATEGIES, Strategy, Fix, register_strategy, load_speed
-    monkeypatch.setattr(fastxtend_prof.tune, 'STRATEGIES', dict(STRATEGIES))  # the package's table as it was after the test
+    from fastxtend_prof.tune.search import STRATEGIES, Strategy, Fix, register_strategy, load_speed
+    monkeypatch.setattr(fastxtend_prof.tune.search, 'STRATEGIES', dict(STRATEGIES))  # the package's table as it was after the test
     clock = ManualClock()
     sync_mode(clock)
-    monkeypatch.setattr(fastxtend_prof.tune, 'time', SimpleNamespace(monotonic=clock, perf_counter=time.perf_counter))
+    monkeypatch.setattr(fastxtend_prof.tune.search, 'time', SimpleNamespace(monotonic=clock, perf_counter=time.perf_counter))
     class Pinned(Callback): "What the fix's `persist` adds, for later fits"
     def predict(times, ctx, allow):
         c = ctx.needs['pause']
@@ -559,7 +559,7 @@ def test_a_fix_from_outside_the_package_is_tried_kept_saved_loaded_and_applied(t
         if f['kind'] == 'pause': f['value'] = 2.0
     path.write_text(json.dumps(saved))
     with pytest.raises(ValueError, match=r'values out of range: pause=2\.0'): load_speed(path)
-    del fastxtend_prof.tune.STRATEGIES['pause']
+    del fastxtend_prof.tune.search.STRATEGIES['pause']
     with pytest.raises(ValueError, match=r"unknown fixes \['pause'\]"): load_speed(path)
 
 def _moving_level_searches(monkeypatch, sync_mode, saves:float, searches:int, seed:int, predicted:float=0.7, **kw) -> list:
@@ -567,11 +567,11 @@ def _moving_level_searches(monkeypatch, sync_mode, saves:float, searches:int, se
     every trial runs at its own level (each trial's time times a level drawn anew, sd 0.15 on the log scale: the
     machine faster or slower for a whole trial, which no trial's own batches show); the order inside each pair of
     blocks drawn from a seeded generator; the fix predicts an iteration `predicted` as long. Their results"""
-    from fastxtend_prof.tune import STRATEGIES, Strategy, Fix
+    from fastxtend_prof.tune.search import STRATEGIES, Strategy, Fix
     clock, rng, level = ManualClock(), np.random.default_rng(seed), [1.]
     sync_mode(clock)
-    monkeypatch.setattr(fastxtend_prof.tune, 'time', SimpleNamespace(monotonic=clock, perf_counter=time.perf_counter))
-    monkeypatch.setattr(fastxtend_prof.tune, 'pair_order', lambda: random.Random(seed))
+    monkeypatch.setattr(fastxtend_prof.tune.search, 'time', SimpleNamespace(monotonic=clock, perf_counter=time.perf_counter))
+    monkeypatch.setattr(fastxtend_prof.tune.search, 'pair_order', lambda: random.Random(seed))
     learn = busy_learner(item=0., compute=10e-3, spend=lambda s: clock.spend(s*level[0]), n_batches=30)
     def predict(times, ctx, allow):
         return [Fix('shorter', True, Step.FORWARD, times[Step.ITERATION]*predicted, 'the forward waits')], []
@@ -579,13 +579,13 @@ def _moving_level_searches(monkeypatch, sync_mode, saves:float, searches:int, se
         old, learn.model.compute = learn.model.compute, learn.model.compute*(1 - saves)
         return lambda: setattr(learn.model, 'compute', old)
     monkeypatch.setitem(STRATEGIES, 'shorter', Strategy(predict, apply, 'speed only', lambda v: 'a shorter forward', 'wait less'))
-    monkeypatch.setattr(fastxtend_prof.tune, 'plan', lambda times, ctx, allow, done: (
+    monkeypatch.setattr(fastxtend_prof.tune.search, 'plan', lambda times, ctx, allow, done: (
         [] if 'shorter' in done else predict(times, ctx, allow)[0], []))
-    trial = fastxtend_prof.tune.run_trial
+    trial = fastxtend_prof.tune.search.run_trial
     def at_its_own_level(*a, **k):
         level[0] = float(np.exp(rng.normal(0, 0.15)))
         return trial(*a, **k)
-    monkeypatch.setattr(fastxtend_prof.tune, 'run_trial', at_its_own_level)
+    monkeypatch.setattr(fastxtend_prof.tune.search, 'run_trial', at_its_own_level)
     out = [learn.speed_find(max_time=600, batches=20, show=False, **kw) for _ in range(searches)]
     assert learn.model.compute == 10e-3, 'the Learner was put back'
     return out
@@ -618,9 +618,9 @@ def test_a_fix_that_saves_30_percent_is_kept_though_each_trial_runs_at_its_own_l
 def test_blocks_pool_into_one_trial():
     """`pooled`: a later block's batches follow an earlier one's, step by step, its other fields its own (a fix's blocks in
     turns are one row, one profile for the plan); a step only the later block timed, or one kept as a summary, stays its"""
-    from fastxtend_prof.tune import pooled
-    from fastxtend_prof.saved import SavedProfile
-    from fastxtend_prof.recorder import StepSummary
+    from fastxtend_prof.tune.search import pooled
+    from fastxtend_prof.core.saved import SavedProfile
+    from fastxtend_prof.core.recorder import StepSummary
     it, fwd, loss = ('train', 'iteration'), ('train', 'forward'), ('train', 'loss')
     summary = StepSummary().update(np.array([7., 8.]))
     first = SavedProfile(pd.DataFrame(), {'num_workers': 0}, {it: np.array([1., 2.]), fwd: np.array([5.]), loss: summary}, 'first')
@@ -632,17 +632,17 @@ def test_blocks_pool_into_one_trial():
 
 def test_register_strategy_refuses_what_it_cannot_use(monkeypatch):
     "A name taken, a bad name, no `keep`, an unknown `changes` or `reprobe`, a setter that is not callable: refused in one line each"
-    from fastxtend_prof.tune import STRATEGIES, Strategy, register_strategy, allowed
-    monkeypatch.setattr(fastxtend_prof.tune, 'STRATEGIES', dict(STRATEGIES))
+    from fastxtend_prof.tune.search import STRATEGIES, Strategy, register_strategy, allowed
+    monkeypatch.setattr(fastxtend_prof.tune.search, 'STRATEGIES', dict(STRATEGIES))
     ok = Strategy(lambda t, c, a: ([], []), lambda learn, v: (lambda: None), 'speed only', str, 'keep it')
     for kind, s, msg in (('num_workers', ok, 'a strategy already'), ('not a name', ok, 'identifier'), ('mine', replace(ok, keep=''), '`keep`'),
                          ('mine', replace(ok, changes='speed'), '`changes`'), ('mine', replace(ok, reprobe='all'), '`reprobe`'),
                          ('mine', replace(ok, apply=3), '`apply`'), ('mine', 'a strategy', 'is a `Strategy`')):
         with pytest.raises((ValueError, TypeError), match=msg): register_strategy(kind, s)
-    assert 'mine' not in fastxtend_prof.tune.STRATEGIES and 'mine' not in allowed()
+    assert 'mine' not in fastxtend_prof.tune.search.STRATEGIES and 'mine' not in allowed()
     register_strategy('mine', replace(ok, changes='numerics'))
     assert allowed()[-1] == 'mine'  # `allow` takes a registered fix that changes the numerics
-    register_strategy('num_workers', replace(fastxtend_prof.tune.STRATEGIES['num_workers'], keep='mine'), overwrite=True)
+    register_strategy('num_workers', replace(fastxtend_prof.tune.search.STRATEGIES['num_workers'], keep='mine'), overwrite=True)
 
 def test_a_fix_is_an_entry_of_the_strategy_table_and_each_trial_goes_to_the_record(tmp_path, monkeypatch, sync_mode):
     """A strategy added to `STRATEGIES` is planned, tried, kept and undone like the built-in ones: here the forward
@@ -650,10 +650,10 @@ def test_a_fix_is_an_entry_of_the_strategy_table_and_each_trial_goes_to_the_reco
     so the gain is what the entry made, whatever the load (on the real clock a 40 ms sleep cut to 4 came out -23%, p 0.15,
     in a CI run: the loop's own work grew to 30-50 ms a batch under load). The record gets a line per fix measured,
     predicted against measured, and `calibration` reads it"""
-    from fastxtend_prof.tune import STRATEGIES, Strategy, Fix, calibration
+    from fastxtend_prof.tune.search import STRATEGIES, Strategy, Fix, calibration
     clock = ManualClock()
     sync_mode(clock)
-    monkeypatch.setattr(fastxtend_prof.tune, 'time', SimpleNamespace(monotonic=clock, perf_counter=time.perf_counter))
+    monkeypatch.setattr(fastxtend_prof.tune.search, 'time', SimpleNamespace(monotonic=clock, perf_counter=time.perf_counter))
     learn = busy_learner(item=0., compute=40e-3, spend=clock.spend, n_batches=30)
     def predict(times, ctx, allow):
         f = times[Step.FORWARD]
@@ -682,7 +682,7 @@ def test_a_fix_is_an_entry_of_the_strategy_table_and_each_trial_goes_to_the_reco
     # no record before the first search: no range (no machine's stands for another's); with 5 fixes of the kind in the
     # record, each trial's prediction is shown with the range its record's trials landed in
     assert res.trials['Predicted Low'].isna().all(), res.trials
-    from fastxtend_prof.tune import record_ranges
+    from fastxtend_prof.tune.search import record_ranges
     rec = pd.read_csv(record)
     pd.concat([rec] + [rec[rec.kind == 'sleep_less'].iloc[:1]]*5).to_csv(record, index=False)
     ranges = record_ranges(record)
@@ -691,7 +691,7 @@ def test_a_fix_is_an_entry_of_the_strategy_table_and_each_trial_goes_to_the_reco
     t = third.trials[third.trials.Kind == 'sleep_less']
     assert ((t['Predicted Low'] < t.Predicted) & (t.Predicted < t['Predicted High'])).all(), t
     assert t['Predicted Low'].iloc[0] == pytest.approx(t.Predicted.iloc[0]*ranges['sleep_less'][0]), (t, ranges)
-    from fastxtend_prof.report import format_duration
+    from fastxtend_prof.verdicts.report import format_duration
     assert f"{format_duration(t['Predicted Low'].iloc[0])} to {format_duration(t['Predicted High'].iloc[0])}" in third.text(), third.text()
     for text in ('', 'a,b\n1,2\n', '\x00\xff garbage'):
         (tmp_path/'bad.csv').write_text(text, encoding='latin-1')
@@ -702,9 +702,9 @@ def test_a_trial_is_predicted_and_shown_by_its_mean(tmp_path):
     next burst, and the throughput is the mean (4 workers on items sleeping 10 ms measured a median of 5.6 ms a batch and
     a mean of 21.4). A trial's error and predicted change, the table, the verdict and the record say the mean; the
     record keeps the median beside it"""
-    from fastxtend_prof.tune import _measured, _row, _verdict, _KEY, Fix, SpeedResult, TRIAL_COLS, TuneContext, append_record
-    from fastxtend_prof.stats import CHANGE, CI_LOW, CI_HIGH, P_VALUE
-    from fastxtend_prof.report import format_duration
+    from fastxtend_prof.tune.search import _measured, _row, _verdict, _KEY, Fix, SpeedResult, TRIAL_COLS, TuneContext, append_record
+    from fastxtend_prof.verdicts.stats import CHANGE, CI_LOW, CI_HIGH, P_VALUE
+    from fastxtend_prof.verdicts.report import format_duration
     fake = lambda d: SimpleNamespace(distributions={_KEY: np.asarray(d)}, metadata={'batch_size': 8},
                                      results=pd.DataFrame(columns=['Phase', 'Step']))
     start, burst = _measured(fake([0.08]*8)), _measured(fake([0.002]*7 + [0.074]))  # a burst of 7, then a wait: mean 11 ms, median 2 ms

@@ -8,10 +8,10 @@ f-strings (messages quote names freely; what is inside their `{}` is code and is
 `getattr`/`hasattr`/`setattr`/`delattr`, and the few entries of `ALLOWED`, each an option key that merely equals a name."""
 import ast, pathlib
 import pytest
-from fastxtend_prof.recorder import Step, Phase
+from fastxtend_prof.core.recorder import Step, Phase
 
 PKG = pathlib.Path(__file__).resolve().parent.parent/'fastxtend_prof'
-SKIP = {'recorder.py', '_modidx.py'}
+SKIP = {'core/recorder.py', '_modidx.py'}
 NAMES = {m.value for m in Step} | {m.value for m in Phase}
 ATTR_FUNCS = {'getattr', 'hasattr', 'setattr', 'delattr'}
 
@@ -21,22 +21,22 @@ ALLOWED = {
     ('autorun.py', 'uninstall', 'fit'): "the name of the method `Learner.fit` that `fastxtend-prof run` puts back",
     ('digits.py', 'demo', 'trace'): "the `trace` option of `learn.profile`, a dict key of its keyword arguments",
     ('cli.py', '_outputs', 'trace'): "the `--trace` option's argparse name (`a.trace`)",
-    ('saved.py', '', 'warmup'): "`META_FIELDS`' field for the `warmup` option, and its label in the warning that it differs",
-    ('compare.py', 'compare', 'warmup'): "the metadata key for the `warmup` option of this fit, which the `Baseline` feature compares with the saved run's",
-    ('plots.py', '', 'epoch'): "`timeline_frame`'s `epoch` column: the index of the loop a batch ran in, not the `epoch` span",
-    ('saved.py', '', 'epoch'): "`TIMELINE_INDEX`: the saved timeline's `epoch` column, `timeline_frame`'s, not the `epoch` span",
-    ('plots.py', 'plot_timeline', 'epoch'): "the `gid` of the dashed lines where an epoch starts",
-    ('flops.py', '_fake_copy', 'forward'): "a module's `forward` attribute (`model.forward = torch.compile(model.forward)`), not the step",
-    ('events.py', 'watched_fit', 'fit'): "the name of `Learner.fit` among fastai's originals that `install` keeps",
-    ('events.py', 'uninstall', 'fit'): "the name of `Learner.fit` among fastai's originals that `install` keeps",
-    ('simpleprofiler.py', '_check_options', 'warmup'): "the `warmup` option of `learn.profile`",
-    ('noise_find.py', 'noise_find', 'warmup'): "the `warmup` option of `learn.noise_find`, named in its error",
-    ('simpleprofiler.py', '', 'warmup'): "the `warmup` option, which fastxtend's `drop_first_batch` sets (`_ALIASES`)",
-    ('simpleprofiler.py', 'SimpleProfilerCallback', 'draw'): "the `draw` mark of the recorder's `MARKS`, which `before_draw` hands over",
-    ('trace.py', 'files', 'trace'): "the file of the `trace` option, among the files a profile writes",
-    ('trace.py', 'Trace', 'trace'): "the `Trace` feature's name: the `trace` option of `learn.profile` and `ProfileResult.trace`",
-    ('tune.py', '_check_find', 'warmup'): "the `warmup` option of `learn.speed_find`",
-    ('stages.py', '', 'batch'): "`PER_BATCH`, the unit of the loader stages' `Per` column: a stage runs once per item or once per batch",
+    ('core/saved.py', '', 'warmup'): "`META_FIELDS`' field for the `warmup` option, and its label in the warning that it differs",
+    ('verdicts/compare.py', 'compare', 'warmup'): "the metadata key for the `warmup` option of this fit, which the `Baseline` feature compares with the saved run's",
+    ('verdicts/plots.py', '', 'epoch'): "`timeline_frame`'s `epoch` column: the index of the loop a batch ran in, not the `epoch` span",
+    ('core/saved.py', '', 'epoch'): "`TIMELINE_INDEX`: the saved timeline's `epoch` column, `timeline_frame`'s, not the `epoch` span",
+    ('verdicts/plots.py', 'plot_timeline', 'epoch'): "the `gid` of the dashed lines where an epoch starts",
+    ('features/flops.py', '_fake_copy', 'forward'): "a module's `forward` attribute (`model.forward = torch.compile(model.forward)`), not the step",
+    ('core/events.py', 'watched_fit', 'fit'): "the name of `Learner.fit` among fastai's originals that `install` keeps",
+    ('core/events.py', 'uninstall', 'fit'): "the name of `Learner.fit` among fastai's originals that `install` keeps",
+    ('profiler/simpleprofiler.py', '_check_options', 'warmup'): "the `warmup` option of `learn.profile`",
+    ('tune/noise_find.py', 'noise_find', 'warmup'): "the `warmup` option of `learn.noise_find`, named in its error",
+    ('profiler/simpleprofiler.py', '', 'warmup'): "the `warmup` option, which fastxtend's `drop_first_batch` sets (`_ALIASES`)",
+    ('profiler/simpleprofiler.py', 'SimpleProfilerCallback', 'draw'): "the `draw` mark of the recorder's `MARKS`, which `before_draw` hands over",
+    ('features/trace.py', 'files', 'trace'): "the file of the `trace` option, among the files a profile writes",
+    ('features/trace.py', 'Trace', 'trace'): "the `Trace` feature's name: the `trace` option of `learn.profile` and `ProfileResult.trace`",
+    ('tune/search.py', '_check_find', 'warmup'): "the `warmup` option of `learn.speed_find`",
+    ('features/stages.py', '', 'batch'): "`PER_BATCH`, the unit of the loader stages' `Per` column: a stage runs once per item or once per batch",
 }
 
 def _skipped(tree) -> set:
@@ -68,7 +68,7 @@ def literals(source:str, fname:str) -> list:
              if isinstance(n, ast.Constant) and isinstance(n.value, str) and n.value in NAMES and id(n) not in skipped]
     return sorted(f for f in found if (fname, f[2], f[1]) not in ALLOWED)
 
-MODULES = sorted(p.name for p in PKG.glob('*.py') if p.name not in SKIP)
+MODULES = sorted(p.relative_to(PKG).as_posix() for p in PKG.rglob('*.py') if p.relative_to(PKG).as_posix() not in SKIP)
 
 @pytest.mark.parametrize('fname', MODULES)
 def test_no_step_or_phase_literals(fname):
