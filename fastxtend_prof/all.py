@@ -10,7 +10,8 @@ from .core import events as _events
 _events.install()  # `before_draw` and the fit watch, registered with fastai (once: importing `events` did it)
 from .profiler.simpleprofiler import SimpleProfilerCallback, SimpleProfilerPostCallback, ProfileMode
 from .profiler.result import ProfileResult
-from .verdicts.report import format_report, show_report, report_text, format_duration, save_results
+from .verdicts.report import format_report, show_report, report_text, save_results
+from .core.fmt import format_duration
 from .core.saved import load_profile, save_profile, load_json
 from .verdicts.plots import plot_profile, plot_timeline, timeline_frame
 from .verdicts.advice import Advice, show_advice

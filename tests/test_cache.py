@@ -165,7 +165,7 @@ def test_a_refused_cache_says_why_whole_and_the_progress_line_says_the_mean(pngs
     sleeps), tries the cache, and its fill refuses it; the trial's note and the progress line give the reason whole (it
     was cut mid-word at 160 characters: "its items are n..."), and each trial's progress line says its mean time a batch,
     the statistic its change against the best so far is of (it said the median), and how many pairs of blocks that rests on"""
-    from fastxtend_prof.verdicts.report import format_duration
+    from fastxtend_prof.core.fmt import format_duration
     class Noisy(Transform):
         order = 3
         def encodes(self, x:PILImage): random.random(); return x

@@ -691,7 +691,7 @@ def test_a_fix_is_an_entry_of_the_strategy_table_and_each_trial_goes_to_the_reco
     t = third.trials[third.trials.Kind == 'sleep_less']
     assert ((t['Predicted Low'] < t.Predicted) & (t.Predicted < t['Predicted High'])).all(), t
     assert t['Predicted Low'].iloc[0] == pytest.approx(t.Predicted.iloc[0]*ranges['sleep_less'][0]), (t, ranges)
-    from fastxtend_prof.verdicts.report import format_duration
+    from fastxtend_prof.core.fmt import format_duration
     assert f"{format_duration(t['Predicted Low'].iloc[0])} to {format_duration(t['Predicted High'].iloc[0])}" in third.text(), third.text()
     for text in ('', 'a,b\n1,2\n', '\x00\xff garbage'):
         (tmp_path/'bad.csv').write_text(text, encoding='latin-1')
@@ -704,7 +704,7 @@ def test_a_trial_is_predicted_and_shown_by_its_mean(tmp_path):
     record keeps the median beside it"""
     from fastxtend_prof.tune.search import _measured, _row, _verdict, _KEY, Fix, SpeedResult, TRIAL_COLS, TuneContext, append_record
     from fastxtend_prof.verdicts.stats import CHANGE, CI_LOW, CI_HIGH, P_VALUE
-    from fastxtend_prof.verdicts.report import format_duration
+    from fastxtend_prof.core.fmt import format_duration
     fake = lambda d: SimpleNamespace(distributions={_KEY: np.asarray(d)}, metadata={'batch_size': 8},
                                      results=pd.DataFrame(columns=['Phase', 'Step']))
     start, burst = _measured(fake([0.08]*8)), _measured(fake([0.002]*7 + [0.074]))  # a burst of 7, then a wait: mean 11 ms, median 2 ms

@@ -10,7 +10,7 @@ __all__ = ['FORMAT', 'VERSION', 'JSON_FORMAT', 'RESULT_COLS', 'KEY_COLS', 'PHASE
            'encode_distributions', 'encode_timeline', 'result_rows', 'result_value', 'jsonable', 'table_doc',
            'profile_doc', 'save_profile', 'ProfileFileError', 'read_doc', 'migrate', 'metadata_record',
            'register_metadata', 'metadata_check', 'Checker', 'profile_from_doc', 'load_profile', 'load_json',
-           'other_file', 'load_profiles', 'read_runs']
+           'other_file', 'load_profiles', 'read_runs', 'run_metadata']
 
 # %% ../../nbs/36_saved.ipynb #dbeb7b3a
 import base64, binascii, importlib, json, math, os, stat, tempfile
@@ -529,3 +529,30 @@ def read_runs(x, name:str='profile') -> list:
         try: return load_profiles([x])
         except ProfileFileError as e: raise ProfileFileError(f'`{name}`: {e.source}', e.field, e.expected) from None
     return [as_profile(x, name)]
+
+# %% ../../nbs/36_saved.ipynb #b90abe2b
+import platform, datetime
+from importlib.metadata import version as _pkg_version, PackageNotFoundError
+
+def _version(pkg):
+    try: return _pkg_version(pkg)
+    except PackageNotFoundError: return None
+
+def _n_batches(dl):
+    try: return len(dl)
+    except TypeError: return None  # a loader without a length
+
+def run_metadata(learn, warmup:int=1, sync:str|None=None) -> dict:
+    "What a profile needs to be compared with another: versions, device, batch size, batches per epoch, loader workers, `warmup`, timing mode `sync`, time"
+    import torch
+    from fastxtend_prof.core.events import train_device  # here, not at the top: reading and checking files needs neither torch nor fastai
+    dls, device = getattr(learn, 'dls', None), str(train_device(learn))
+    train, valid = getattr(dls, 'train', None), getattr(dls, 'valid', None)
+    name = torch.cuda.get_device_name(device) if device.startswith('cuda') and torch.cuda.is_available() else (platform.processor() or platform.machine())
+    return metadata_record(fastxtend_prof=_version('fastxtend-prof'), fastai=_version('fastai'), fastcore=_version('fastcore'),
+                torch=torch.__version__, python=platform.python_version(), platform=platform.platform(),
+                device=device, device_name=name, batch_size=getattr(train, 'bs', None),
+                n_train_batches=_n_batches(train) if train is not None else None,
+                n_valid_batches=_n_batches(valid) if valid is not None else None,
+                num_workers=getattr(getattr(train, 'fake_l', None), 'num_workers', None), warmup=warmup, sync=sync,
+                timestamp=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'))

@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 from ..core.recorder import (Cols, Phase, Step, BEFORE_DRAW, BEFORE_BATCH, AFTER_PRED, AFTER_LOSS, BEFORE_BACKWARD, BEFORE_STEP,
                                      AFTER_STEP, PRE_AFTER_BATCH, POST_AFTER_BATCH, NEXT_DRAW, Relay, stats, check_int)
-from ..verdicts.report import format_duration, results_frame
+from ..verdicts.report import results_frame
+from ..core.fmt import format_duration
 from ..verdicts.advice import Advice
 from ..core.features import Feature, register_feature
 from .distributed import data_parallel, default_store, straggler_advice, straggler_tip, wait_count

@@ -13,7 +13,7 @@ import torch
 from ..core.recorder import Phase, Relay
 from ..core.features import Feature, register_feature
 from ..verdicts.advice import Advice
-from ..verdicts.report import format_duration
+from ..core.fmt import format_duration
 from .stages import thread_times, cores
 
 # %% ../../nbs/43_cores.ipynb #dda7ff5f

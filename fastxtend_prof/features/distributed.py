@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 import numpy as np, pandas as pd
 import torch.distributed as dist
 from ..core.recorder import Cols, Phase, Step, TRAIN_PARTS, check_number
-from ..verdicts.report import RESULT_COLS, KEY_COLS, format_report, format_duration
+from ..verdicts.report import RESULT_COLS, KEY_COLS, format_report
+from ..core.fmt import format_duration
 from ..verdicts.advice import Advice
 
 # %% ../../nbs/05_distributed.ipynb #dd9cba62

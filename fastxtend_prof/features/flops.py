@@ -20,7 +20,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_map_only
 from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily  # loaded by `import torch` already
 from ..core.recorder import Cols, AFTER_PRED, FLAGS, NO_BACKWARD, SAMPLES, TRACED, Phase, Relay, Step
-from ..verdicts.report import format_pct, text_width
+from ..core.fmt import format_pct, text_width
 from ..verdicts.advice import Advice, fill_text
 from ..core.events import train_device
 from ..core.features import Feature, register_feature

@@ -13,7 +13,7 @@ import numpy as np, pandas as pd
 from ..core.recorder import BEFORE_BATCH, SAMPLES, Phase, Relay, Step, check_number
 from ..core.events import train_device
 from ..core.features import Feature, register_feature
-from ..verdicts.report import format_duration
+from ..core.fmt import format_duration
 
 # %% ../nbs/41_hardware.ipynb #fd59ad41
 

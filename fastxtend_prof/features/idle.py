@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np, pandas as pd
 from ..core.recorder import (AFTER_LOAD, AFTER_LOSS, AFTER_PRED, AFTER_STEP, AFTER_TFMS, BEFORE_BACKWARD, BEFORE_BATCH, BEFORE_DRAW,
     BEFORE_STEP, BEFORE_TFMS, NEXT_DRAW, POST_AFTER_BATCH, PRE_AFTER_BATCH, Cols, EventRecorder, Phase, Relay, Step, traced_rows)
-from ..verdicts.report import format_duration
+from ..core.fmt import format_duration
 from ..verdicts.advice import Advice
 from ..core.events import train_device
 from ..core.features import Feature, register_feature

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader as TorchDataLoader, get_worker_info
 from torch.utils.data import dataloader as _tdl
 from torch.utils.data._utils import fetch as _fetch
 from ..core.recorder import Cols, Phase, Relay, Step, phase_intervals, stats
-from ..verdicts.report import format_duration, text_width
+from ..core.fmt import format_duration, text_width
 from ..verdicts.advice import Advice, fill_text
 from ..core.features import Feature, Later, register_feature
 from ..verdicts.stage_rows import stage_place

@@ -13,7 +13,8 @@ import pandas as pd
 from fastcore.basics import patch
 from fastai.learner import Learner
 from ..core.recorder import Cols, EventRecorder, Phase, Step, TimingRecorder, device_view, fold, summarize
-from ..verdicts.report import format_report, results_frame, run_metadata, show_report
+from ..verdicts.report import format_report, results_frame, show_report
+from ..core.saved import run_metadata
 from ..core.saved import META, SavedProfile, step_distributions
 from ..verdicts.advice import show_advice
 from ..core.features import FEATURES, Feature, Later

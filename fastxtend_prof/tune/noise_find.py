@@ -12,7 +12,7 @@ from fastcore.basics import patch
 from fastai.learner import Learner
 from ..core import events
 from ..core.recorder import check_int, check_number, check_sync
-from ..verdicts.report import format_duration
+from ..core.fmt import format_duration
 from ..verdicts.stats import estimate
 from ..features.distributed import data_parallel
 from .search import LearnerState, run_trial, set_aside, trial_block

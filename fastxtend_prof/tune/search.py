@@ -29,7 +29,7 @@ from fastai.learner import Learner
 from fastai.callback.core import Callback, CancelFitException, CancelValidException
 from ..core import events
 from ..core.recorder import Cols, Phase, Step, check_int, check_number, check_sync
-from ..verdicts.report import format_duration, text_table, text_width
+from ..core.fmt import format_duration, text_table, text_width
 from ..verdicts.compare import ALPHA, CONFIDENCE
 from ..core.saved import META, profile_of
 # ('mixed_precision', 'batch_size', 'resize_on_batch'): the fixes that change the numerics or the training, tried only

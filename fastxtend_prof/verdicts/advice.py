@@ -8,7 +8,7 @@ __all__ = ['SEVERITIES', 'Advice', 'fill_text', 'advice_text', 'show_advice']
 # %% ../../nbs/15_advice.ipynb #72a7d949
 import re, textwrap
 from dataclasses import dataclass
-from .report import text_width
+from ..core.fmt import text_width
 
 # %% ../../nbs/15_advice.ipynb #82138bac
 SEVERITIES = ('critical', 'warning', 'info')

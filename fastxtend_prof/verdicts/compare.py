@@ -15,7 +15,8 @@ from datetime import datetime
 from pathlib import Path
 import numpy as np, pandas as pd
 from ..core.recorder import APART, DRAW_STEPS, LOOP_STEPS, Cols, Phase, Step, StepSummary, check_int, check_number, TRAIN_PARTS
-from .report import run_metadata, format_duration, format_pct, text_table, text_width
+from ..core.fmt import format_duration, format_pct, text_table, text_width
+from ..core.saved import run_metadata
 from ..core.saved import (COMPARED, SavedProfile, result_rows, result_value, as_profile, encode_distributions, load_profile, profile_of, read_runs,  # noqa: F401  (the saved run's names, also read from here)
                     step_distributions, META_FIELDS)
 from .stage_rows import stage_view

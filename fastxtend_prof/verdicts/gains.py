@@ -10,7 +10,7 @@ import math
 import numpy as np, pandas as pd
 from scipy import stats as sps
 from ..core.recorder import Cols, DRAW_STEPS, TRAIN_PARTS, EventRecorder, Phase, Step, device_view, phase_intervals
-from .report import format_duration
+from ..core.fmt import format_duration
 from .stats import block_means  # the one model of a run's correlated batches owns its blocks
 
 # %% ../../nbs/27_gains.ipynb #14dc1d46

@@ -15,7 +15,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 import numpy as np, pandas as pd
 from ..core.recorder import DRAW_STEPS, Cols, Phase, Step, TRAIN_PARTS
-from .report import STEP_COLORS, format_duration, format_pct, text_table, text_width
+from .report import STEP_COLORS
+from ..core.fmt import format_duration, format_pct, text_table, text_width
 from ..core.saved import META, SavedProfile, as_profile, load_profiles
 from .stats import BLOCK  # noqa: F401  (read from here too)
 from .stats import (CHANGE, CI_HIGH, CI_LOW, MOST_RUNS, P_VALUE, Estimate, adjusted_p, between, compare,

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from .stats import MOST_RUNS, runs_needed, smallest_change, pairs_needed_from
 from ..core.saved import ProfileFileError, atomic_write_text, read_doc
-from .report import format_duration
+from ..core.fmt import format_duration
 from ..core.defaults import ALPHA
 
 # %% ../../nbs/45_noise.ipynb #6de6fa79

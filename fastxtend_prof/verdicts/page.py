@@ -12,7 +12,8 @@ import html as _html, json
 from pathlib import Path
 import numpy as np, pandas as pd
 from ..core.recorder import DRAW_STEPS, Cols, Phase, Step, StepSummary
-from .report import STEP_COLORS, format_duration
+from .report import STEP_COLORS
+from ..core.fmt import format_duration
 from ..core.saved import META, SavedProfile, as_profile, atomic_write_text, result_value
 from .compare import compare_profiles, format_comparison, comparison_verdict
 

@@ -16,7 +16,8 @@ from fastai.learner import Learner
 from ..core.recorder import (Cols, 
     APART, BEFORE_DRAW, DRAW_STEPS, SAMPLES, SUB_STEPS, TRAIN_STEPS, VALID_STEPS, EventRecorder, Phase, Step,
     TimingRecorder, device_view, phase_intervals, traced_rows, ITERATION_STEPS)
-from .report import STEP_COLORS, format_duration
+from .report import STEP_COLORS
+from ..core.fmt import format_duration
 
 # %% ../../nbs/07_plots.ipynb #eaf7da4f
 def _show_in_notebook(shell=None):

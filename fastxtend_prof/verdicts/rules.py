@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from ..core.recorder import (Cols, 
     BEFORE_BATCH, TRAIN_STEPS, VALID_STEPS, Phase, Step, phase_intervals, traced_rows, ITERATION_STEPS, TRAIN_PARTS)
 from .advice import Advice, SEVERITIES
-from .report import format_duration
+from ..core.fmt import format_duration
 from ..core.events import train_device
 from .gains import what_if
 

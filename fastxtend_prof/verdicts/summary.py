@@ -12,7 +12,7 @@ from importlib.resources import files
 from pathlib import Path
 import pandas as pd
 from ..core.recorder import DRAW_STEPS, SUB_STEPS, Cols, Phase, Step
-from .report import format_duration
+from ..core.fmt import format_duration
 from ..core.saved import META, SavedProfile, jsonable, result_value
 from .history import VERDICTS, History, Verdict, change_text, latest_text, run_name, step_estimate, verdict_text
 from .stats import CHANGE, CI_HIGH, CI_LOW, P_VALUE
