@@ -60,7 +60,8 @@ config, helper, n_trn, n_val, epochs = sys.argv[1], sys.argv[2], *map(int, sys.a
 cg = ctypes.CDLL(helper)
 if config != 'fastai': import fastxtend_prof.all  # noqa: F401
 if config == 'unpatched':
-    from fastxtend_prof.core import events
+    try: from fastxtend_prof.core import events
+    except ImportError: from fastxtend_prof import events  # a --base checkout from before the folders
     events.uninstall()
     assert not events.patched()
 from fastai.test_utils import synth_learner

@@ -38,11 +38,11 @@ class UsageError(ValueError):
 @dataclass
 class RunOptions:
     "What `run` was asked: the profile's options (`out`, `report`), then what to run (`target`, a script or with `module` a module) and its `args`"
-    out:str|None=None # Folder for each fit's JSON, CSV and chart (absolute); None: the report only
+    out:str|None=None # Folder for each fit's files (absolute); None: the report only
     report:bool=True # Print each fit's report
     env:bool=False # Print the exports for a launcher instead of running anything
     help:bool=False # Print the usage
-    target:str|None=None # The script's path, or with `module` the module's name
+    target:str|None=None # The script's path, or the module's name
     module:bool=False # `target` is a module, run as `python -m` runs it
     args:list=field(default_factory=list) # The script's arguments
 

@@ -60,63 +60,61 @@ def _demo_learner_options(p, workers:str=''):
                    help=f"DataLoader worker processes{' ' + workers if workers else ''} (default: 0)")
     p.add_argument('--device', choices=DEVICES, default='auto', help='where to train: auto, cpu or cuda (default: auto)')
 
-def parser():
-    ("The `fastxtend-prof` argument parser (`run` is listed, but `main` hands it its arguments before this parser sees "
-     "them)")
-    # numpy: here, so that `run` starts the script before anything of it is imported
-    from fastxtend_prof.core.recorder import SYNC_MODES
-    p = _OneLineErrors(prog='fastxtend-prof',
-                       description='Profile a short fastai training run and print where the time went: with no '
-                                   'command, the demo '
-                                   '(its options: fastxtend-prof demo --help). Each command: fastxtend-prof COMMAND '
-                                   '--help.')
-    sub = p.add_subparsers(dest='command', parser_class=_OneLineErrors)
+def _demo_options(q, top:bool):
+    "The demo's options on parser `q`: the top parser's with their defaults (`top`), else the `demo` command's copies"
+    from fastxtend_prof.core.recorder import SYNC_MODES  # numpy: here, so that `run` starts the script first
+    # the command's copies default to nothing, so options given before `demo` stand
+    dflt = (lambda v: dict(default=v)) if top else (lambda v: dict(default=argparse.SUPPRESS))
+    q.add_argument('--epochs', type=_positive_int, **dflt(2), help='epochs to train (default: 2)')
+    q.add_argument('--bs', type=_positive_int, **dflt(64), help='batch size (default: 64)')
+    q.add_argument('--num-workers', type=_non_negative(int), **dflt(2),
+                   help='DataLoader worker processes (default: 2)')
+    q.add_argument('--slow-data', type=_non_negative(float), **dflt(0.), metavar='SECONDS',
+                   help='extra loading time per batch, to show a data-bound run (default: 0)')
+    q.add_argument('--warmup', type=_non_negative(int), **dflt(1),
+                   help='leading batches per epoch reported apart (default: 1)')
+    q.add_argument('--device', choices=DEVICES, **dflt('auto'),
+                   help='where to train: auto (a CUDA GPU if there is one), cpu or cuda (default: auto)')
+    q.add_argument('--sync', choices=SYNC_MODES, **dflt('auto'),
+                   help="how steps are timed on an accelerator (default: auto)")
+    q.add_argument('--csv', metavar='PATH', **dflt(None), help='save the numeric results to this CSV file')
+    q.add_argument('--plot', metavar='PATH', **dflt(None), help='save the breakdown chart to this PNG file')
+    q.add_argument('--trace', metavar='PATH', nargs='?', const='profile_trace.json', **dflt(None),
+                   help='run torch.profiler over a few train batches and write a Chrome/Perfetto trace (default: '
+                        'profile_trace.json)')
+    q.add_argument('--save-json', metavar='PATH', **dflt(None),
+                   help='save the profile as JSON, to compare with another run: fastxtend-prof compare BASE.json '
+                        'NEW.json')
+    q.add_argument('--html', metavar='PATH', **dflt(None),
+                   help='save the report page: one HTML file that opens offline in a browser')
+    q.add_argument('--no-progress', action='store_true', **dflt(False),
+                   help="print one line per epoch (epoch, losses, metrics, time) instead of fastai's progress bar")
+
+def _add_demo(p, sub):
+    "The `demo` command, whose options the top parser takes too (`fastxtend-prof --epochs 1` is the demo)"
     d = sub.add_parser('demo', help='profile a small CNN on scikit-learn digits (the default command)')
-    for q in (p, d):  # the subcommand's copies default to nothing, so options given before `demo` stand
-        dflt = (lambda v: dict(default=v)) if q is p else (lambda v: dict(default=argparse.SUPPRESS))
-        q.add_argument('--epochs', type=_positive_int, **dflt(2), help='epochs to train (default: 2)')
-        q.add_argument('--bs', type=_positive_int, **dflt(64), help='batch size (default: 64)')
-        q.add_argument('--num-workers', type=_non_negative(int), **dflt(2),
-                       help='DataLoader worker processes (default: 2)')
-        q.add_argument('--slow-data', type=_non_negative(float), **dflt(0.), metavar='SECONDS',
-                       help='extra loading time per batch, to show a data-bound run (default: 0)')
-        q.add_argument('--warmup', type=_non_negative(int), **dflt(1),
-                       help='leading batches per epoch reported apart (default: 1)')
-        q.add_argument('--device', choices=DEVICES, **dflt('auto'),
-                       help='where to train: auto (a CUDA GPU if there is one), cpu or cuda (default: auto)')
-        q.add_argument('--sync', choices=SYNC_MODES, **dflt('auto'),
-                       help="how steps are timed on an accelerator (default: auto)")
-        q.add_argument('--csv', metavar='PATH', **dflt(None), help='save the numeric results to this CSV file')
-        q.add_argument('--plot', metavar='PATH', **dflt(None), help='save the breakdown chart to this PNG file')
-        q.add_argument('--trace', metavar='PATH', nargs='?', const='profile_trace.json', **dflt(None),
-                       help='run torch.profiler over a few train batches and write a Chrome/Perfetto trace (default: '
-                            'profile_trace.json)')
-        q.add_argument('--save-json', metavar='PATH', **dflt(None),
-                       help='save the profile as JSON, to compare with another run: fastxtend-prof compare BASE.json '
-                            'NEW.json')
-        q.add_argument('--html', metavar='PATH', **dflt(None),
-                       help='save the report page: one HTML file that opens offline in a browser')
-        q.add_argument('--no-progress', action='store_true', **dflt(False),
-                       help="print one line per epoch (epoch, losses, metrics, time) instead of fastai's progress bar")
+    for q in (p, d): _demo_options(q, q is p)
     # taken before the command too (`fastxtend-prof --epochs 1` is the demo), listed under `demo --help`
     for o in p._actions:
         if o.option_strings and o.option_strings != ['-h', '--help']: o.help = argparse.SUPPRESS
     d.set_defaults(func=demo_command)
+
+_COMPARE_DESCRIPTION = ('Compare two profiles saved as JSON, the baseline first (or named by --baseline, as in '
+                        '`report` and `history`), or several runs a side (a folder each, or files after --baseline): '
+                        'per step, the change of the time per batch, its interval and a test; a verdict in words. '
+                        'With one run a side the interval covers the noise inside each run only; with several, the '
+                        "machine's spread between runs too; runs that ran in turns are read in pairs. One run a side "
+                        'is judged only with --noise or --within-run. Exit 0, or 1 when --fail-on-regression tripped,'
+                        ' 3 when it could not judge (one run a side without --noise or --within-run); 2 with one line'
+                        ' on stderr for bad input (a file that is not a run).')
+
+def _add_compare(sub):
+    "The `compare` command and its options"
     c = sub.add_parser('compare', help='compare two saved profiles, BASE then NEW, or NEW --baseline BASE '
                                        '(learn.profile(save_json=True)); exit 1 with --fail-on-regression when it '
-                                       'tripped',
+                                       'tripped', description=_COMPARE_DESCRIPTION,
                        usage='fastxtend-prof compare BASE NEW [options], or fastxtend-prof compare NEW... '
-                             '--baseline BASE... [options]',
-                       description='Compare two profiles saved as JSON, the baseline first (or named by --baseline, '
-                                   'as in `report` and `history`), or several runs a side (a folder each, or files '
-                                   'after --baseline): per step, '
-                                   'the change of the time per batch, its interval and a test; a verdict in words. '
-                                   'With one run a side the interval covers the noise inside each run only; with '
-                                   'several, the machine\'s spread between runs too; runs that ran in turns are read in pairs. '
-                                   'One run a side is judged only with --noise or --within-run. '
-                                   'Exit 0, or 1 when --fail-on-regression tripped, 3 when it could not judge (one '
-                                   'run a side without --noise or --within-run); 2 with one line on stderr for '
-                                   'bad input (a file that is not a run).')
+                             '--baseline BASE... [options]')
     c.add_argument('runs', nargs='+', metavar='RUN',
                    help='BASE NEW: the baseline profile (JSON), the run before the change, then the run to judge, each '
                         'a file or a folder of runs (several runs a side: the runs are the unit, and the machine\'s '
@@ -150,6 +148,9 @@ def parser():
     c.add_argument('-o', '--output', metavar='PATH',
                    help='write it to this file instead of printing it; missing folders are made')
     c.set_defaults(func=compare_command)
+
+def _add_tune(sub):
+    "The `tune` command and its options"
     t = sub.add_parser('tune', help="try the profile's advice on the demo in short trials and keep what is "
                                     "significantly faster (learn.speed_find)",
                        description='Run learn.speed_find() on the demo: profile the starting configuration, try the '
@@ -168,6 +169,9 @@ def parser():
                    help='also try a fix that changes the numerics or the training (repeatable)')
     t.add_argument('--plot', metavar='PATH', help='save the chart of the trials to this PNG file')
     t.set_defaults(func=tune_command)
+
+def _add_noise(sub):
+    "The `noise` command and its options"
     n = sub.add_parser('noise', help="measure this machine's noise on the demo: short trials of it back to back "
                                      '(learn.noise_find); the record compare --noise reads',
                        description='Run learn.noise_find() on the demo: short trials of it as it is, back to back; print '
@@ -183,6 +187,9 @@ def parser():
                    metavar='SECONDS', help='seconds all trials may take; the first two run whole (default: 120)')
     n.add_argument('-o', '--output', metavar='PATH', help='write the record to this JSON file')
     n.set_defaults(func=noise_command)
+
+def _add_report(sub):
+    "The `report` command and its options"
     r = sub.add_parser('report', help='write the report page of a saved profile (learn.profile(save_json=True)): one '
                                       'HTML file that opens offline',
                        description='Write one self-contained HTML page of a profile saved as JSON: the overview, the '
@@ -204,21 +211,22 @@ def parser():
                    help="where to write it; missing folders are made (default: profile_report.html for the page, "
                         "else printed)")
     r.set_defaults(func=report_command)
+
+_HISTORY_DESCRIPTION = ('Read saved runs, oldest first (files in the order given; a folder: its runs by when they '
+                        'were saved), find the change points of every train step (each run weighed by its own '
+                        'per-batch spread and the spread between runs, every step and split tested at once against '
+                        'series drawn without a change), name the step that moved and by how much, and judge the '
+                        'latest run against its reference level: the runs before the earliest slowdown since the last'
+                        ' accepted run (--accept), so a regression fails until it is fixed or accepted. Exit 0, 1 '
+                        'when --fail-on-regression found a regression, 3 when the runs could not tell (too few, or '
+                        'too far apart: it says how many would), 2 with one line on stderr for bad input (a file that'
+                        ' is not a run, an --accept that names no run).')
+
+def _add_history(sub):
+    "The `history` command and its options"
     h = sub.add_parser('history', help='follow saved runs over time: each step run by run, change points and the '
                                        'step that moved; with --fail-on-regression exit 1 on a regression, 3 when '
-                                       'there are too few runs to judge',
-                       description='Read saved runs, oldest first (files in the order given; a folder: its runs by '
-                                   'when they were saved), find the change points of every '
-                                   'train step (each run weighed by its own per-batch spread and the spread between '
-                                   'runs, every step and split tested at once against '
-                                   'series drawn without a change), name the step that moved and by how much, and '
-                                   'judge the latest run against its reference level: '
-                                   'the runs before the earliest slowdown since the last accepted run (--accept), so '
-                                   'a regression fails until it is fixed or accepted. '
-                                   'Exit 0, 1 when --fail-on-regression found a regression, 3 when the runs could '
-                                   'not tell (too few, or too far apart: it says how many would), 2 with one line '
-                                   'on stderr for bad input '
-                                   '(a file that is not a run, an --accept that names no run).')
+                                       'there are too few runs to judge', description=_HISTORY_DESCRIPTION)
     h.add_argument('runs', nargs='+', metavar='RUN', help='saved runs (JSON) or folders of them, oldest first')
     h.add_argument('--fail-on-regression', type=_non_negative(float), metavar='PCT',
                    help='exit 1 if the latest run is a real slowdown of --step by more than PCT percent')
@@ -249,6 +257,18 @@ def parser():
     h.add_argument('-o', '--output', metavar='PATH',
                    help='write the text or summary to this file instead of printing it; missing folders are made')
     h.set_defaults(func=history_command)
+
+def parser():
+    ("The `fastxtend-prof` argument parser (`run` is listed, but `main` hands it its arguments before this parser sees "
+     "them)")
+    p = _OneLineErrors(prog='fastxtend-prof',
+                       description='Profile a short fastai training run and print where the time went: with no '
+                                   'command, the demo '
+                                   '(its options: fastxtend-prof demo --help). Each command: fastxtend-prof COMMAND '
+                                   '--help.')
+    sub = p.add_subparsers(dest='command', parser_class=_OneLineErrors)
+    _add_demo(p, sub)
+    for add in (_add_compare, _add_tune, _add_noise, _add_report, _add_history): add(sub)
     sub.add_parser('guide', help="print the usage guide for automated readers: the commands, what they print, exit "
                                  "codes, the summary's fields").set_defaults(func=guide_command)
     sub.add_parser('run', help=RUN_HELP, add_help=False)  # listed in --help; `main` dispatches `run ...` before parsing
@@ -303,9 +323,7 @@ def _noise(a):
 def compare_command(a) -> int:
     ("`fastxtend-prof compare`: the comparison, printed or in `--format`; 0, or 1 when `--fail-on-regression` trips, 3 "
      "when it cannot judge (one run a side alone); 2 with one line on bad input")
-    if a.step is not None and a.fail_on_regression is None:
-        return _error('compare', '--step names the row --fail-on-regression reads: give --fail-on-regression PCT '
-                                 f'too (--step {a.step} alone changes nothing)')
+    if (e := _step_alone(a, 'compare', 'row')) is not None: return e
     step, pct = a.step or 'train/iteration', a.fail_on_regression
     try:
         base_path, new_path = _base_and_new(a)
@@ -417,42 +435,61 @@ def _accept_file(path) -> list:
 # the exit status of `history --fail-on-regression`
 GATE_EXIT = {'no regression': 0, 'regression': 1, 'not enough runs': 3}
 
+def _step_alone(a, command:str, what:str):
+    "The one-line error for `--step` without `--fail-on-regression` (it would change nothing), else None"
+    if a.step is None or a.fail_on_regression is not None: return None
+    return _error(command, f'--step names the {what} --fail-on-regression reads: give --fail-on-regression PCT '
+                           f'too (--step {a.step} alone changes nothing)')
+
+def _history_files(a) -> tuple:
+    ("`(as_page, out, page, from_file)`: whether `history` prints the page, where its output and its page go (checked "
+     "writable), and the runs `--accept-file` names")
+    as_page = a.format == 'html'
+    out = _output(a.output or ('history.html' if as_page else None), '--output',
+                  'history.html' if as_page else 'history.txt') if a.output or as_page else None
+    page = _output(a.html, '--html', 'history.html') if a.html else None
+    return as_page, out, page, _accept_file(a.accept_file) if a.accept_file else []
+
+def _history_accepted(h, a, from_file:list) -> list:
+    ("The indices of the runs `--accept` and `--accept-file` name in history `h`: ValueError for an `--accept` that "
+     "names no run, a note for the file's names that none has")
+    from fastxtend_prof.verdicts.history import accepted_runs
+    accepted, unknown = accepted_runs(h, a.accept)
+    if unknown: raise ValueError(f"--accept {unknown[0]}: no run of the history has that label or file name")
+    more, skipped = accepted_runs(h, from_file)
+    if skipped: h.notes.append(f"--accept-file names {len(skipped)} run{'s' if len(skipped) > 1 else ''} this "
+                               "history does not hold "
+                               f"({', '.join(skipped[:3])}{', ...' if len(skipped) > 3 else ''})")
+    return sorted(set(accepted + more))
+
+def _history_text(h, fmt:str, verdict, line:str) -> str:
+    "History `h` in format `fmt`, with the gate's `verdict` (and its `line` under the text) where there is one"
+    import json
+    from fastxtend_prof.verdicts.history import history_page, history_text
+    from fastxtend_prof.verdicts.summary import history_bmf, history_markdown, history_summary
+    return {'text': lambda: history_text(h) + (f'\n{line}' if line else ''),
+            'md': lambda: history_markdown(h, verdict), 'html': lambda: history_page(h),
+            'json': lambda: json.dumps(history_summary(h, verdict), indent=1),
+            'bmf': lambda: json.dumps(history_bmf(h), indent=1)}[fmt]()
+
 def history_command(a) -> int:
     ("`fastxtend-prof history`: the runs over time, their change points and the latest run's verdict; with "
      "`--fail-on-regression` 1 on a regression, 3 where the runs cannot judge it, else 0; 2 with one line on bad input")
-    if a.step is not None and a.fail_on_regression is None:
-        return _error('history', '--step names the step --fail-on-regression reads: give --fail-on-regression PCT '
-                                 f'too (--step {a.step} alone changes nothing)')
+    if (e := _step_alone(a, 'history', 'step')) is not None: return e
     step, gating = a.step or 'train/iteration', a.fail_on_regression is not None
     try:
-        as_page = a.format == 'html'
-        out = _output(a.output or ('history.html' if as_page else None), '--output',
-                      'history.html' if as_page else 'history.txt') if a.output or as_page else None
-        page = _output(a.html, '--html', 'history.html') if a.html else None
-        from_file = _accept_file(a.accept_file) if a.accept_file else []
+        as_page, out, page, from_file = _history_files(a)
         from fastxtend_prof.core.saved import load_profiles  # every file read and checked first: pandas and numpy only
         other = []  # the package's other files in the folders: summaries, noise records
         runs = load_profiles(a.runs, other)
-        import json
-        from fastxtend_prof.verdicts.history import accepted_runs, gate, history, history_text, passed_over, verdict_text
-        from fastxtend_prof.verdicts.summary import history_bmf, history_markdown, history_summary
+        from fastxtend_prof.verdicts.history import gate, history, history_page, passed_over, verdict_text
         h = history(runs, alpha=a.alpha, min_shift=a.min_shift, min_share=a.min_share, noise=_noise(a))
         if other: h.notes.append(passed_over(other))
-        accepted, unknown = accepted_runs(h, a.accept)
-        if unknown: return _error('history', f"--accept {unknown[0]}: no run of the history has that label or file "
-                                             "name")
-        more, skipped = accepted_runs(h, from_file)
-        if skipped: h.notes.append(f"--accept-file names {len(skipped)} run{'s' if len(skipped) > 1 else ''} this "
-                                   "history does not hold "
-                                   f"({', '.join(skipped[:3])}{', ...' if len(skipped) > 3 else ''})")
-        verdict = gate(h, a.fail_on_regression, step, sorted(set(accepted + more))) if gating else None
+        accepted = _history_accepted(h, a, from_file)  # checked with or without the gate
+        verdict = gate(h, a.fail_on_regression, step, accepted) if gating else None
         line = (f'gate: {verdict.kind} (the latest run\'s {step} must not be a real slowdown of more than '
                 f'{a.fail_on_regression:g}%): {verdict_text(h, verdict)}') if gating else ''
-        from fastxtend_prof.verdicts.history import history_page
-        text = {'text': lambda: history_text(h) + (f'\n{line}' if line else ''),
-                'md': lambda: history_markdown(h, verdict), 'html': lambda: history_page(h),
-                'json': lambda: json.dumps(history_summary(h, verdict), indent=1),
-                'bmf': lambda: json.dumps(history_bmf(h), indent=1)}[a.format]()
+        text = _history_text(h, a.format, verdict, line)
         if page:
             from fastxtend_prof.core.saved import atomic_write_text
             atomic_write_text(page, history_page(h))

@@ -1,7 +1,6 @@
 """Imported by Python as it starts when this folder is on PYTHONPATH (`fastxtend-prof run --env`): with FASTXTEND_PROF set, every fastai fit is profiled."""
-# Written by hand, not generated (nbdev can't export a module into this folder): nbs/31_run.ipynb shows it, tests/test_run.py
-# checks it. First it runs the `sitecustomize` it hides, the next one on `sys.path` (Debian's, conda's, yours), as Python
-# would have; it imports only `os` and `sys` unless FASTXTEND_PROF is set.
+# Written by hand: nbdev can't export into this folder (nbs/31_run.ipynb explains it, tests/test_run.py checks it).
+# It runs the `sitecustomize` it hides first, and imports only `os` and `sys` unless FASTXTEND_PROF is set.
 import os, sys
 
 def _chain_sitecustomize():

@@ -7,14 +7,14 @@ __all__ = ['DEVICES', 'ALPHA', 'MIN_CHANGE', 'MIN_SHARE', 'MIN_GAIN', 'ASKED', '
            'NOISE_TRIALS', 'FORMATS', 'demo_device', 'demo_threads']
 
 # %% ../../nbs/33_defaults.ipynb #b3c83a31
-DEVICES = ('auto', 'cpu', 'cuda')  # where the demo trains: 'auto' is a CUDA GPU when torch sees one
-ALPHA, MIN_CHANGE, MIN_SHARE = 0.01, 5.0, 2.0  # `compare_profiles`: significance level; the smallest change (%) worth calling, a choice a user would make (the runs, their pairs or a noise record hold the false calls, not this); the smallest in % of the iteration
-MIN_GAIN = 5.0  # `speed_find`: the least saving (percent of the mean iteration) worth keeping a fix for: a choice a user would make, not a noise floor (the trials in turns and their level hold the false keeps)
-ASKED = ('mixed_precision', 'batch_size', 'resize_on_batch', 'torch_optimizer')  # `speed_find`'s fixes that change the numerics or the training: tried only when allowed
-HISTORY_MIN_SHIFT = 5.  # `history`: the least move of a step (percent of its own time) worth a change point: a choice a user would make, not a noise floor (the draws from the runs' own spread hold the false alarms; 0, 5 and 8 raised the same on real runs, 37_history)
-HISTORY_MIN_SHARE = 1.  # ... and the least move of the batch's time, in percent of the iteration, worth one: a choice too (a part of a few microseconds moved by half is not worth a regression)
-NOISE_TRIALS = 16  # `noise_find`'s trials: records of 16 planned the pairs a change needs within a factor of 2.25 in 10 of 11 windows of real fits, of 8 in 14 of 24 (45_noise)
-FORMATS = ('text', 'md', 'json', 'bmf')  # what `report`, `compare` (not bmf) and `history --format` print (besides the page, 'html'): words, a pull request's markdown, the JSON summary, Bencher's format
+DEVICES = ('auto', 'cpu', 'cuda')  # where the demo trains
+ALPHA, MIN_CHANGE, MIN_SHARE = 0.01, 5.0, 2.0  # `compare_profiles`' level, least change, share (%)
+MIN_GAIN = 5.0  # `speed_find`'s least saving for a fix (%)
+ASKED = ('mixed_precision', 'batch_size', 'resize_on_batch', 'torch_optimizer')  # tried only when allowed
+HISTORY_MIN_SHIFT = 5.  # `history`: a step's least move (%)
+HISTORY_MIN_SHARE = 1.  # ... and of the iteration
+NOISE_TRIALS = 16  # `noise_find`'s trials
+FORMATS = ('text', 'md', 'json', 'bmf')  # what the commands print
 
 # %% ../../nbs/33_defaults.ipynb #c5d1e7a3
 from typing import TYPE_CHECKING
@@ -33,8 +33,7 @@ def demo_device(device:str='auto') -> 'torch.device':
 
 def demo_threads(num_workers:int, device) -> int|None:
     ("torch's threads for the demo on `device`: on a CPU, the cores its `num_workers` loader workers leave, at least "
-     "one (torch's default threads beside the workers fought them for the cores: identical demo runs 4,026 to 359 "
-     "samples/s on a busy 2-core machine); None (torch's own) on an accelerator or where `OMP_NUM_THREADS` says")
+     "one; None (torch's own) on an accelerator or where `OMP_NUM_THREADS` says")
     import os
     if getattr(device, 'type', device) != 'cpu' or 'OMP_NUM_THREADS' in os.environ: return None
     cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else (os.cpu_count() or 1)

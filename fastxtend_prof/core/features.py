@@ -17,15 +17,15 @@ class Later:
 
 class Feature:
     "One part of a profile beside the timings: its observer in the chain of marks, what it adds to the results, its report lines, its rules"
-    name:str = ''  # The keyword of `learn.profile` that chooses it, and its key in `ProfileResult.extras`
-    default:bool = False  # On in every profile unless switched off (`learn.profile(<name>=False)`)
-    order:int = 100  # Its place in the chain of marks: lower stands nearer the recorder
-    main:str|None = None  # The option a plain value sets (`learn.profile(baseline='run.json')`)
-    shares:bool = False  # Sends its payload to rank 0 of a distributed fit, which `merge`s them
-    columns:dict = {}  # The results columns it adds: {column: the end of its logger key, as in `profile/train/forward_<end>`}
-    compared:dict = {}  # Of those, the columns a comparison of two profiles shows for the base and the new run: {column: format, as '{:.1%}'}
-    rules:tuple = ()  # Rules that read its payload: each `rule(result, ctx)`, made with `rules.rule`
-    why:str = ''  # Set when it was chosen but found nothing to observe: why, for its line under the report
+    name:str = ''  # Its keyword of `learn.profile`
+    default:bool = False  # On unless switched off
+    order:int = 100  # Its place in the chain of marks
+    main:str|None = None  # The option a plain value sets
+    shares:bool = False  # Sends its payload to rank 0
+    columns:dict = {}  # The results columns it adds
+    compared:dict = {}  # Those a comparison shows
+    rules:tuple = ()  # Rules that read its payload
+    why:str = ''  # Why it found nothing to observe
 
     @classmethod
     def option(cls, value) -> 'Feature|None':

@@ -541,10 +541,10 @@ def _device_key(device) -> str:
 class TorchEventTimer:
     "Device timer over torch events on `device`, recorded on a stream looked up once per loop (`bind`), from a pool kept for the process"
     def __init__(self, device,
-                 new_event:Callable|None=None, # Makes a timing event; default a CUDA event, or `torch.Event` on other accelerators
-                 current_stream:Callable|None=None, # Returns the stream to record on; default the device's current stream
-                 synchronize:Callable|None=None, # Waits for the device's queued work; default torch's for the device
-                 reserve:int=32*N_SLOTS, # Events made ready before the first loop (a CUDA event is created at its first record)
+                 new_event:Callable|None=None, # Makes a timing event; default the device's kind
+                 current_stream:Callable|None=None, # Returns the stream to record on; default the current one
+                 synchronize:Callable|None=None, # Waits for the device's queued work; default torch's
+                 reserve:int=32*N_SLOTS, # Events made ready before the first loop
                 ):
         import torch
         self.device = torch.device(device)

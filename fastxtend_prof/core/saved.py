@@ -28,13 +28,13 @@ RESULT_COLS = (Cols.PHASE, Cols.ACTION, Cols.STEP) + STAT_COLS + (Cols.PERCENT,)
 KEY_COLS = RESULT_COLS[:3]
 PHASES = tuple(str(p) for p in Phase)
 COMPARED = (Step.ITERATION, Step.DRAW, Step.WAIT, Step.TRANSFER, Step.TRANSFORMS, Step.BATCH, Step.FORWARD, Step.PREDICT, Step.LOSS, Step.BACKWARD,
-            Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER)  # the steps whose per-batch durations a run keeps; warmup and trace hold whole batches set apart
-MAX_BYTES = 256*2**20  # the largest file read: every step's durations of a million batches take about 70 MB, their timeline as much again
-MAX_VALUES = 2_000_000  # the most values (commas and brackets, counted before parsing) a file may hold: a run's durations are text, and 1,024 ranks' results about 600,000
-MAX_DEPTH, MAX_ROWS, MAX_COLS, MAX_ENTRIES = 32, 100_000, 1_000, 1_000  # metadata's nesting; a table's rows and columns; the distributions
-SCHEMA = Path(str(files('fastxtend_prof')/'run.schema.json'))  # this version's file as a JSON Schema, shipped with the package
-MAX_NAME = 200  # characters of a name in a run: its label, a key of its metadata or rows, a table's name
-LABEL_ENV = 'FASTXTEND_PROF_LABEL'  # the environment variable CI sets (to the commit, say): each run's `label` where `learn.profile(label=...)` gives none
+            Step.OPT_STEP, Step.ZERO_GRAD, Step.OTHER)  # the steps whose per-batch durations a run keeps
+MAX_BYTES = 256*2**20  # the largest file read
+MAX_VALUES = 2_000_000  # the most values a file may hold
+MAX_DEPTH, MAX_ROWS, MAX_COLS, MAX_ENTRIES = 32, 100_000, 1_000, 1_000  # nesting; a table's rows, columns; entries
+SCHEMA = Path(str(files('fastxtend_prof')/'run.schema.json'))  # this version's file as a JSON Schema
+MAX_NAME = 200  # characters of a name in a run
+LABEL_ENV = 'FASTXTEND_PROF_LABEL'  # each run's `label` where `learn.profile(label=...)` gives none
 
 @dataclass(frozen=True)
 class MetaField:
@@ -64,16 +64,16 @@ META = SimpleNamespace(**{f.name: f.name for f in META_FIELDS})  # the fields' n
 @dataclass(slots=True)
 class SavedProfile:
     "One profiled run as every tool reads it (comparison, page, CI gate, `speed_find`): what `save_profile` writes and `load_profile` reads"
-    results:pd.DataFrame # The numeric results (`learn.simple_profile_results`; merged over the ranks of a distributed fit)
-    metadata:dict=field(default_factory=dict) # `run_metadata` (versions, device, batch size, loader workers, timing mode, warmup) and each feature's
-    distributions:dict=field(default_factory=dict) # `step_distributions`: per (phase, step), every steady batch's seconds or a `StepSummary`
-    source:str='' # Where it came from, for messages: a file's path, 'this Learner'
+    results:pd.DataFrame # The numeric results
+    metadata:dict=field(default_factory=dict) # The run's metadata
+    distributions:dict=field(default_factory=dict) # Per-batch seconds by (phase, step)
+    source:str='' # Where it came from, for messages
     title:str='' # The report's title
-    advice:list|None=None # The advice, each as text; None where it is not known (a file written before the report page)
-    lines:list=field(default_factory=list) # The features' lines under the report (FLOPs, memory, loader stages, ranks)
-    tables:dict=field(default_factory=dict) # The features' own tables, by name (the loader stages)
-    ranks:pd.DataFrame|None=None # Per-rank results of a distributed fit, with a `Rank` column
-    timeline:pd.DataFrame|None=None # Every batch with its epoch and warmup (`learn.profile_timeline()`): the file keeps the train batches (`TIMELINE_KEPT`)
+    advice:list|None=None # The advice; None where not known
+    lines:list=field(default_factory=list) # The features' lines under the report
+    tables:dict=field(default_factory=dict) # The features' own tables
+    ranks:pd.DataFrame|None=None # Per-rank results
+    timeline:pd.DataFrame|None=None # Every batch, in order
 
 def step_distributions(rec:TimingRecorder) -> dict:
     "`{(phase, step): durations}` of `rec`: every steady batch's seconds (an array) with raw rows, the `StepSummary` without"
@@ -504,7 +504,9 @@ def other_file(doc) -> str:
 def load_profiles(paths,
                   skipped:list|None=None, # Where given, each file of a folder passed over (`other_file`) is added to it: `name (format)`
                  ) -> list:
-    "The runs saved at `paths`, in order: each file where it is given; a folder's `*.json` files oldest first (their run's `timestamp`, then their name), passing over the package's files that are not runs (a summary written beside them, a noise record); any other file that is not a run is a `ProfileFileError`"
+    ("The runs saved at `paths`, in order: each file where it is given; a folder's `*.json` files oldest first (their "
+     "run's `timestamp`, then their name), passing over the package's other files (`other_file`); any other file "
+     "that is not a run is a `ProfileFileError`")
     out = []
     for p in map(Path, paths):
         if not p.is_dir():

@@ -97,12 +97,12 @@ POINTS = ((BEFORE_DRAW, Step.OTHER), (BEFORE_BATCH, Step.DRAW), (AFTER_PRED, Ste
           (PRE_AFTER_BATCH, Step.ZERO_GRAD), (POST_AFTER_BATCH, Step.BATCH))  # (slot, the step that ends there), in order
 MAX_BATCHES = 20_000  # train batches a rank sends at most: the last ones
 
-def rank_arrivals(table, # The recorder's train `BatchTable` (on a GPU, its device table)
+def rank_arrivals(table, # The recorder's train `BatchTable`
                   warmup:int, # Leading batches of each loop that are warmup
-                  hand:dict|None, # `{row: time}` of the last bucket's hand-over, on the table's time base; None without the hook
-                  shift:float=0., # Taken off every time: the table's time base minus rank 0's clock
-                  offset:float=0., accuracy:float=math.nan, note:str='', # The measured clock offset, its accuracy and a note, for the report
-                  ddp:bool|None=None, # Whether the model is `DistributedDataParallel` (None: not known)
+                  hand:dict|None, # `{row: time}` of the last bucket's hand-over
+                  shift:float=0., # Taken off every time, to rank 0's clock
+                  offset:float=0., accuracy:float=math.nan, note:str='', # The clock offset, its accuracy, a note
+                  ddp:bool|None=None, # Whether the model is DDP (None: not known)
                  ) -> dict:
     "What this rank sends rank 0: its train batches' `POINTS` on rank 0's clock, their runs and warmup, and the comm waits"
     m = table.matrix(MAX_BATCHES)

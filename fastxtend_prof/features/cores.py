@@ -41,10 +41,10 @@ class CoreWait:
     queued_s:float # ... and waited for one while ready to run
     loops:int # Train loops read
     batches:int # Train batches in them
-    threads:int # torch's threads (`torch.get_num_threads()`)
+    threads:int # torch's threads
     workers:int # The train loader's workers
     cores:int # Cores this process may use
-    running:int|None # Threads ready to run on the machine as the last train loop ended (None: not known)
+    running:int|None # Threads ready to run as the last loop ended
     @property
     def share(self) -> float:
         "The share of the train loops' time the training thread waited for a core"

@@ -155,15 +155,15 @@ def _reason(failed) -> str:
 @dataclass(eq=False)
 class GatherResult:
     "What `gather_profile` returns; on rank 0 (`is_main`), the `merged` results and the per-rank table `ranks`"
-    is_main:bool # True on rank 0, the rank that reports
+    is_main:bool # True on rank 0, which reports
     rank:int # This process's rank
     world_size:int # Number of ranks
-    merged:pd.DataFrame|None=None # Rank 0: the results merged over the ranks that reported (`merge_ranks`)
-    ranks:pd.DataFrame|None=None # Rank 0: the per-rank results, with a `Rank` column (`rank_table`)
-    failed:dict=field(default_factory=dict) # Rank 0: `{rank: 'Error: message'}` for ranks whose fit raised
-    missing:list=field(default_factory=list) # Rank 0: ranks that sent nothing within the timeout
-    error:str='' # Why the exchange itself failed on this rank, if it did
-    extra:dict=field(default_factory=dict) # Rank 0: `{rank: extra}` of the ranks that sent one (`gather_profile(extra=...)`)
+    merged:pd.DataFrame|None=None # Rank 0: the merged results
+    ranks:pd.DataFrame|None=None # Rank 0: the per-rank results
+    failed:dict=field(default_factory=dict) # Rank 0: ranks whose fit raised
+    missing:list=field(default_factory=list) # Rank 0: ranks that sent nothing
+    error:str='' # Why the exchange failed here
+    extra:dict=field(default_factory=dict) # Rank 0: `{rank: extra}`
     timeout:float=GATHER_TIMEOUT # The timeout rank 0 waited with
 
     @property
@@ -222,10 +222,10 @@ def _collect(store, keys:dict, count:str, deadline:float, res:GatherResult, fram
     store.delete_key(count)
 
 def gather_profile(
-    results:pd.DataFrame|None, # This rank's results (`learn.simple_profile_results`); may be None if `failed`
-    timeout:float|None=None, # Seconds rank 0 waits for the other ranks; default `GATHER_TIMEOUT`
-    failed:bool|BaseException=False, # True, or the exception, when this rank's fit raised: it sends a marker and never waits
-    extra=None, # Anything picklable this rank sends along, such as its arrival times: `extra` on rank 0's result
+    results:pd.DataFrame|None, # This rank's results; may be None if `failed`
+    timeout:float|None=None, # Seconds rank 0 waits; default `GATHER_TIMEOUT`
+    failed:bool|BaseException=False, # True, or the exception, when this rank's fit raised
+    extra=None, # Anything picklable sent along to rank 0
 ) -> GatherResult|None:
     "Send every rank's `results` to rank 0 and merge them there, waiting at most `timeout` s; None when not distributed"
     if timeout is None: timeout = GATHER_TIMEOUT

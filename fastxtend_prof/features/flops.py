@@ -48,8 +48,7 @@ class OpCounter(TorchDispatchMode):
     def _should_skip_dynamo(cls) -> bool: return False  # torch would wrap `__torch_dispatch__` in dynamo's disable, importing dynamo (seconds)
     def __init__(self):
         super().__init__()
-        # torch's formulas, imported here: `torch.utils.flop_counter` imports triton where it is installed (150 ms of the
-        # package's 360 ms import on a 2-core machine), which a fit that counts no FLOPs never needs
+        # imported here, not with the module: it imports triton where installed, which a fit counting no FLOPs never needs
         from torch.utils.flop_counter import flop_registry
         self.total, self.uncounted, self.registry = 0, {}, flop_registry
     def get_total_flops(self) -> int: return self.total
@@ -100,9 +99,8 @@ def _writes(func, kwargs) -> bool:
             or kwargs.get('out') is not None or bool(kwargs.get('inplace', False)))
 
 class _Fakeify(TorchFunctionMode):
-    """Replaces the real tensors a call gets by their fakes (the same fake each time) when the call writes to them, mixes them with
-    fakes or they require grad: a real tensor the copy still reaches (a closure, a kept object, a tensor attribute) is never
-    written to nor has its version bumped nor gets a gradient. Pure reads of real constants run as they are (`.item()` works)."""
+    ("Replaces the real tensors a call gets by their fakes (the same fake each time) when the call writes to them, "
+     "mixes them with fakes or they require grad; pure reads of real constants run as they are")
     def __init__(self, fake):
         super().__init__()
         self.fake, self.converted = fake, set()
@@ -463,10 +461,10 @@ def _sync(device):
 
 def measure_peak(device='cpu', # Where to measure
                  dtype:str='fp32', # 'fp32', 'tf32', 'bf16', 'fp16' or 'fp64'
-                 seconds:float=0.3, # About how long to measure (at least 3 timed multiplications)
-                 n:int|None=None, # The matrices' size; default 1,024 on a CPU, 8,192 on an accelerator
-                 cache:bool=True, # Reuse the figure measured before for this device, type and number of torch threads
-                 at_least:float=0., # Measure again if the cached figure is below this (a fit ran faster): the cache keeps the larger
+                 seconds:float=0.3, # About how long to measure
+                 n:int|None=None, # The matrices' size
+                 cache:bool=True, # Reuse the figure measured before
+                 at_least:float=0., # Measure again if the cached figure is below this
                 ) -> float:
     "The FLOP/s a square `n`×`n` matrix multiplication reaches on `device` in `dtype`: the fastest of those run in `seconds`"
     device = torch.device(device)
@@ -495,19 +493,19 @@ def measure_peak(device='cpu', # Where to measure
 @dataclass
 class FlopProfile:
     "What a fit's FLOP counting produced: counts per batch shape, where each shape began, the peaks"
-    counts:dict # {batch shape: dict(forward, loss, backward, samples)}: FLOPs of one batch of each shape counted
-    changes:list # [(first train row, batch shape)]: the train rows from each on have that shape
-    uncounted:dict=field(default_factory=dict) # {operator: calls in a counted batch} that may do matrix work without a formula
-    seconds:float=0.0 # Spent in the counted batches (kept out of the statistics)
-    set_apart:int=0 # Counted batches that were not warmup batches: they are in the `trace` row
+    counts:dict # FLOPs per batch shape
+    changes:list # Where each shape began
+    uncounted:dict=field(default_factory=dict) # Operators left uncounted
+    seconds:float=0.0 # Spent counting
+    set_apart:int=0 # Counted batches in `trace`
     device:str='cpu' # Where the model trained
     device_name:str='' # The device's model
-    dtype:str='fp32' # The type the matrix multiplications run in
-    measured_peak:float=math.nan # FLOP/s of `measure_peak` on the device in `dtype`
-    datasheet_peak:float=math.nan # FLOP/s from `DATASHEET` (or `flops=dict(peak=...)`)
-    peak_note:str='' # Where the datasheet figure comes from, or why there is none
-    note:str='' # Why there are no FLOPs, or what limits them
-    reused:int=0 # Batch shapes whose counts came from an earlier fit of the same model (same parameters, `requires_grad` and loss)
+    dtype:str='fp32' # The matmuls' type
+    measured_peak:float=math.nan # Its `measure_peak`
+    datasheet_peak:float=math.nan # From `DATASHEET`
+    peak_note:str='' # Where that comes from
+    note:str='' # Why none, or the limit
+    reused:int=0 # Shapes counted before
 
     def rows(self, n:int, samples=None) -> np.ndarray:
         "`(n, 3)` FLOPs of forward, loss and backward for train rows `0..n-1`, scaled by each row's `samples` where given; NaN where no shape was counted"

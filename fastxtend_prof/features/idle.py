@@ -98,8 +98,8 @@ CAUSES = {'data': 'waiting for data (the draw)', 'launch': 'launching (the host-
 CAUSE_OF = {Step.WAIT: 'data', Step.DRAW: 'data', Step.TRANSFER: 'data', Step.TRANSFORMS: 'data', Step.FORWARD: 'launch',
             Step.LOSS: 'launch', Step.BACKWARD: 'launch', Step.ZERO_GRAD: 'launch', Step.OPT_STEP: 'optimizer',
             Step.BATCH: 'callbacks', Step.OTHER: 'callbacks'}
-EVENT_JITTER = 5e-5  # s: how far an event recorded on an idle GPU runs after its record varies (12-137 µs, median 26, on an H200)
-CAUGHT_UP = 1e-4  # s: a backlog this small is a device that has caught up with the host (an idle event runs 10-140 µs after its record)
+EVENT_JITTER = 5e-5  # s: the spread of an idle GPU's events after their record
+CAUGHT_UP = 1e-4  # s: a backlog this small is a device that has caught up with the host
 ANCHOR_ROWS = 16  # batches either side whose least backlog anchors a batch's device times to the host's
 IDLE_COLS = ('GPU Idle',)
 CAUSE_COLS = ['Cause', 'Where', 'Idle', 'Gain Low', 'Gain High', 'Share', 'Per Batch']
@@ -115,11 +115,11 @@ class IdleProfile:
     device:str # Where the model trained
     batches:int # Steady train batches read
     iteration:float # Their mean host time, s
-    idle:float # The GPU's mean idle time a batch (at most: see `idle_profile`), s
-    steps:pd.DataFrame # Step, Idle (s a batch), Share (of the iteration)
-    causes:pd.DataFrame # Cause, Where, Idle, Gain, Gain Low, Gain High, Share, Per Batch
-    syncs_seen:int # Synchronisations the watch caught in the train loops
-    watched:bool # Whether synchronisations were watched (torch's sync debug mode)
+    idle:float # The GPU's mean idle time a batch, s
+    steps:pd.DataFrame # Step, Idle (s a batch), Share
+    causes:pd.DataFrame # Per cause: its idle time and gain
+    syncs_seen:int # Synchronisations caught in the train loops
+    watched:bool # Whether synchronisations were watched
 
 # %% ../../nbs/40_idle.ipynb #77bae796
 def _anchor(r:np.ndarray, runs:list) -> np.ndarray:

@@ -130,9 +130,9 @@ def _pipeline_module(dl):
 # %% ../../nbs/34_stages.ipynb #f420584d
 @contextlib.contextmanager
 def watch_stages(dl, # A fastai `DataLoader`
-                 sink, # `sink(worker, stages)`: each batch's stage times (`worker` None in the main process) as the loop receives it
-                 clock=None, # The clock (default `CLOCK`); the workers use their copy of it
-                 started=None, # `started(seconds)`: at each pass's first batch, how long since the loop asked for it (the workers' start and a first batch)
+                 sink, # `sink(worker, stages)`: each batch's stage times
+                 clock=None, # The clock (default `CLOCK`)
+                 started=None, # `started(seconds)` at each pass's first batch
                 ):
     "While `dl` is iterated inside, time its stages, in the workers too; yields `after()`: the main process's `after_batch` times since its last call"
     if not isinstance(dl, _load.DataLoader): raise TypeError(f'`watch_stages` takes a fastai DataLoader, got {type(dl).__name__}')
@@ -461,10 +461,8 @@ def keep_up(load:float, # Seconds of loader work a batch, in one process
             compute:float, # Seconds of the loop's own work a batch
             k:int, # Loader worker processes
             n_cores:int, # CPU cores the main process and the workers share
-            share:float=1., # Of the loader's work, the share that needs a core; the rest it waits (storage, sleeps)
-            # Seconds a batch costs a worker more than making it in the loop (handing it over: `tune.probe_handoff`
-            # measures it); 0 where it was not measured, the bound
-            handoff:float=0.,
+            share:float=1., # The share of the loader's work that needs a core
+            handoff:float=0., # What handing a batch over costs a worker, s
            ) -> float:
     "Predicted train iteration with `k` loader workers (0: the loop loads each batch itself); a worker's batch costs `handoff` more"
     if k == 0: return load + compute

@@ -142,9 +142,8 @@ def _anti_patterns(prof) -> list:
 
 # %% ../../nbs/04_trace.ipynb #bb12fadc
 def _quiet_kineto():
-    """Around torch.profiler's first start: on a machine without a CUDA device, kineto (which reads `KINETO_LOG_LEVEL`
-    once, as it starts) is told to keep its `ERROR: ... gpuGetDeviceCount failed` line to itself, which there misleads.
-    The user's own setting stands; the environment is as it was once the profiler has started"""
+    ("Around torch.profiler's first start without a CUDA device: kineto keeps its misleading `gpuGetDeviceCount "
+     "failed` line to itself; the user's own `KINETO_LOG_LEVEL` stands")
     import contextlib
     if torch.cuda.is_available() or 'KINETO_LOG_LEVEL' in os.environ: return contextlib.nullcontext()
     @contextlib.contextmanager
@@ -159,11 +158,11 @@ class TraceWindow:
     def __init__(self,
         path=TRACE_NAME, # Where the chrome/Perfetto trace JSON goes
         wait:int=2, # Train batches before the profiler starts
-        warmup:int=1, # Batches profiled and discarded (first-call costs)
+        warmup:int=1, # Batches profiled and discarded
         active:int=3, # Batches recorded
-        record_shapes:bool=True, # Record operator input shapes (the matcher's TF32 and alignment checks need them)
-        with_stack:bool=True, # Record Python stacks (the matcher needs them to name source lines)
-        top:int=TOP_OPS, # Operators kept per fastai step in `key_averages_by_step`
+        record_shapes:bool=True, # Record operator input shapes
+        with_stack:bool=True, # Record Python stacks
+        top:int=TOP_OPS, # Operators kept per fastai step
     ):
         cfg = trace_config(dict(wait=wait, warmup=warmup, active=active, path=path))
         self.path, self.wait, self.warmup, self.active = Path(cfg['path']), wait, warmup, active

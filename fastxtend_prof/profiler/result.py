@@ -51,18 +51,18 @@ def fastxtend_layout(results:pd.DataFrame) -> pd.DataFrame:
 class ProfileResult:
     "What a profiled fit produced (`learn.profile_result`): its record and its features' findings; results, report and advice worked out when first read"
     def __init__(self,
-        recorder:TimingRecorder, # The spans and per-batch rows of the fit (or of every fit of a `learn.profiling()` block)
+        recorder:TimingRecorder, # The fit's record
         sync:str='none', # The timing mode used
-        title:str='Simple Profiler report', # The report's title: the timing mode, a partial fit, the ranks, the features' notes
-        context:dict|None=None, # `rules.run_context` when the fit ended: what the rules read besides the timings
-        features:tuple=(), # The features that ran (`features.Feature`): their columns, lines, notes and rules
-        extras:dict|None=None, # What each feature found, by its name; a `Later` is worked out when first read
-        samples_per_second:bool=True, # Samples were counted, for the samples/second columns
-        is_main:bool=True, # False on the other ranks of a distributed fit, which show, save and log nothing
-        rank_results:pd.DataFrame|None=None, # Rank 0 of a distributed fit: every rank's results, with a `Rank` column
-        merged_results:pd.DataFrame|None=None, # Rank 0 of a distributed fit: the results merged over the ranks
-        results:pd.DataFrame|None=None, # This rank's results, where they were worked out already
-        label:str|None=None, # The run's name in a history (a commit): `learn.profile(label=...)`
+        title:str='Simple Profiler report', # The report's title
+        context:dict|None=None, # `rules.run_context`
+        features:tuple=(), # The features that ran
+        extras:dict|None=None, # What each feature found
+        samples_per_second:bool=True, # Samples were counted
+        is_main:bool=True, # False on the other ranks
+        rank_results:pd.DataFrame|None=None, # Rank 0: every rank's results
+        merged_results:pd.DataFrame|None=None, # Rank 0: the merged results
+        results:pd.DataFrame|None=None, # This rank's results, if known
+        label:str|None=None, # The run's name
     ):
         self.recorder, self.sync, self.title, self.context, self.features = recorder, sync, title, dict(context or {}), tuple(features)
         self.extras, self.samples_per_second, self.is_main = dict(extras or {}), samples_per_second, is_main

@@ -68,15 +68,15 @@ class FitSession(Relay):
     "One profiled fit while it runs: the chain of marks in front of its recorder (the features' observers), the loggers, the timing mode; built by Pre, read by Post"
     active = True
     def __init__(self, *,
-        rec:TimingRecorder, # The fit's recorder: the end of the chain of marks
-        features:list=(), # The profile's features (`features.Feature`), in chain order: each may put its observer in front
+        rec:TimingRecorder, # The fit's recorder
+        features:list=(), # The profile's features, in chain order
         learn=None, # The Learner the features observe
-        mode:str='none', # The timing mode in use: 'none', 'device' or 'events'
-        note:str='', # What the report's title says about the mode
-        hub:LoggerHub|None=None, # The loggers that get live values and the results
-        count:bool=True, # Count each batch's samples, for samples/second
-        pair:tuple=(), # The callbacks that hold this session, to leave idle and detach when the fit ends
-        keep_open:bool=False, # Record every fit until closed (`learn.profiling()`), not only the first
+        mode:str='none', # The timing mode in use
+        note:str='', # The title's words on the mode
+        hub:LoggerHub|None=None, # The loggers
+        count:bool=True, # Count each batch's samples
+        pair:tuple=(), # The callbacks holding this session
+        keep_open:bool=False, # Record every fit until closed
     ):
         chain, self.features = rec, []
         for f in features:
@@ -171,22 +171,22 @@ class SimpleProfilerCallback(_ProfilerPair):
     after_pred = after_loss = after_backward = after_step = _unmarked
     _marks = dict(before_draw='draw', before_backward=BEFORE_BACKWARD, before_step=BEFORE_STEP, after_batch=PRE_AFTER_BATCH)
     def __init__(self,
-        show_report:bool=True, # Display the formatted report after fit
-        plain:bool=False, # In a notebook, display the report as plain text instead of a styled table
-        markdown:bool=False, # Display the report as a markdown table
-        save_csv:bool|str=False, # Save the numeric results as CSV: True to `learn.path/csv_name`, or a file name there
-        csv_name:str='simple_profile.csv', # The CSV's file name for `save_csv=True`, relative to `learn.path`
-        logger_callback:str|list|None='auto', # Logger(s) to send results to, by name ('wandb', 'tensorboard'); 'auto': every attached one
-        warmup:int=1, # Leading batches of each train/valid loop reported apart, in the `warmup` row
-        sync:str='auto', # How steps are timed on an accelerator: 'auto', 'none', 'device' or 'events'
-        keep_raw:bool=True, # Keep every batch's timings; False keeps constant-size summaries (for very long runs)
-        log_every:int=10, # Train batches between live logs (rolling means over that window)
-        save_json:bool|str=False, # Save the results and run metadata as JSON: True to `learn.path/simple_profile.json`, or a file name there
-        plot:bool|str=False, # Save the breakdown chart: True to `learn.path/simple_profile.png`, or a file name there
-        html:bool|str=False, # Save the report page (one HTML file that opens offline): True to `learn.path/simple_profile.html`, or a file name there
-        label:str|None=None, # The run's name in a history (a commit, a branch), saved in its JSON; default: the FASTXTEND_PROF_LABEL environment variable
-        features:bool=True, # Run the features: the default ones and those named (False: none, timings only)
-        **options, # Each feature by its name: True, False, a dict of its options (`memory`, `flops`, `trace`, `live`, `arrivals`, `baseline`, `observers`)
+        show_report:bool=True, # Show the report
+        plain:bool=False, # As plain text
+        markdown:bool=False, # As markdown
+        save_csv:bool|str=False, # Save the results' CSV
+        csv_name:str='simple_profile.csv', # Its name
+        logger_callback:str|list|None='auto', # Loggers to send to
+        warmup:int=1, # Batches reported apart
+        sync:str='auto', # The timing mode
+        keep_raw:bool=True, # Keep every batch
+        log_every:int=10, # Live logs' window
+        save_json:bool|str=False, # Save the JSON
+        plot:bool|str=False, # Save the chart
+        html:bool|str=False, # Save the page
+        label:str|None=None, # The run's name
+        features:bool=True, # Run the features
+        **options, # Each feature by its name
     ):
         _check_moved(options)
         opts = {k: v for k, v in locals().items() if k not in ('self', 'options', '__class__')}

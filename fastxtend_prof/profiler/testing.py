@@ -67,18 +67,18 @@ def synthetic_run(
     backward:float=5e-3, # Seconds per backward
     opt_step:float=1e-3, # Seconds per optimizer step
     zero_grad:float=2e-4, # Seconds per zero_grad
-    other:float=5e-4, # Seconds from the end of a batch to the next draw
+    other:float=5e-4, # Seconds from a batch's end to the next draw
     n_batches:int=30, # Train batches per epoch
-    epochs:int=2, # Epochs
+    epochs:int=2,
     warmup:int=1, # The recorder's `warmup`
     bs:int=64, # Samples per batch
-    startup:float=0.0, # Extra seconds before each epoch's first draw (worker start-up)
-    slow:dict|None=None, # {global train batch index: {step: seconds}} overrides, for stragglers
-    n_valid:int=0, # Valid batches per epoch (predict = `forward`, loss = `loss`)
-    transfer:float|None=None, # Seconds of the draw spent moving the batch to the device: the draw is split (wait, transfer, transforms)
-    transforms:float=0.0, # Seconds of the draw spent in the batch transforms, when it is split
-    step_every:int=1, # The optimizer steps every this many batches (gradient accumulation): the others have no opt_step and zero_grad
-    context:dict|None=None, # The run context the rules read (`rules.run_context`), such as `dict(num_workers=0, device='cpu')`
+    startup:float=0.0, # Extra seconds before each epoch's first draw
+    slow:dict|None=None, # {train batch: {step: seconds}} overrides
+    n_valid:int=0, # Valid batches per epoch
+    transfer:float|None=None, # Seconds of the draw moving the batch
+    transforms:float=0.0, # ... and in the batch transforms
+    step_every:int=1, # Batches per optimizer step
+    context:dict|None=None, # The run context the rules read
 ) -> ProfileResult:
     "The `ProfileResult` of a made-up fit of `epochs` x `n_batches` whose steps take the seconds given"
     base = dict(draw=draw, forward=forward, loss=loss, backward=backward, opt_step=opt_step, zero_grad=zero_grad, other=other)

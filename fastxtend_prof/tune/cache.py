@@ -133,10 +133,8 @@ def _remove(folder, pid:int|None=None, getpid=os.getpid, rmtree=shutil.rmtree):
     if pid is None or pid == getpid(): rmtree(folder, ignore_errors=True)
 
 class DiskItems:
-    ("Items kept on disk: pickled one after another in one file (`items.bin`) of `folder`, read back through a memory "
-     "map by every process (the loader's workers too), written only by the process that made it. Its own temporary "
-     "folder (`folder` None) goes with it (`clear`, or when it is collected or Python exits); a folder given is the "
-     "user's: the file stays for the next cache of the same items")
+    ("Items kept on disk: pickled one after another in one file (`items.bin`) of `folder`, written only by the process "
+     "that made it and read back through a memory map by every process (the loader's workers too)")
     def __init__(self, folder=None, budget:int=DISK_BUDGET, key:str=''):
         self.own = folder is None
         if self.own:
@@ -216,9 +214,7 @@ def _items_key(dl, k:int) -> str:
 
 class ItemCache:
     ("The items of a fastai DataLoader after its dataset and its first `k` item transforms, kept by index, in memory "
-     "up to `budget` bytes and on disk past it (`disk`: a `DiskItems`); a kept item replays the draws those transforms "
-     "would make, so the random streams run as without it, and is handed out as a copy where anything runs on it "
-     "before fastai's collation stacks it into new memory (`copies`; one read from disk is new already)")
+     "up to `budget` bytes and on disk past it (`disk`: a `DiskItems`), each replaying the draws those transforms make")
     def __init__(self, dl, k:int, budget:int=BUDGET, disk=None):
         self.dl, self.k, self.budget, self.store, self.bytes, self.skipped, self.disk = dl, k, budget, {}, 0, 0, disk
         fs = list(dl.after_item.fs)
@@ -364,10 +360,8 @@ def cache_loaders(learn, budget:int=BUDGET, loaders=None, disk=False, disk_budge
 
 # %% ../../nbs/39_cache.ipynb #b1fec5a8
 def probe_cache(dl, items:int=16) -> dict:
-    """What caching would save on fastai DataLoader `dl`, timed on its first `items` items in this process (the random states put back):
-    `saves`, the seconds an item the cache in memory would save on average (the cached part, less replaying its draws), the share of
-    items it would keep (`kept`), their bytes in memory, all of them (`bytes`: the memory budget holds `BUDGET/bytes` of them), what
-    an item kept on disk would save (`disk_saves`: reading it back costs too), and `why` where none"""
+    ("What caching would save on fastai DataLoader `dl`, timed on its first `items` items in this process (the random "
+     "states put back): a dict of `saves`, `kept`, `cached`, `bytes`, `disk_saves` and `why`")
     k, why = cache_prefix(dl)
     none = dict(why=why, saves=0., kept=0., cached=0, bytes=0., disk_saves=0.)
     if k is None: return none

@@ -25,8 +25,10 @@ def noise_find(self:Learner,
     trials:int=NOISE_TRIALS, # Short trials of the configuration as it is, back to back
     batches:int=40, # Steady train batches a trial (as `speed_find`'s)
     warmup:int=3, # Leading train batches of each trial left out (worker start-up, first-batch costs)
+
     max_time:float=120., # Seconds all trials may take; the first two run whole whatever it says
     sync:str='auto', # How trials time steps on an accelerator (`learn.profile`'s `sync`)
+
     save=None, # A path: write the record there as JSON, for `compare_profiles(noise=...)` and `fastxtend-prof compare --noise`
     show:bool=True, # Print a line per trial and the record
 ) -> Noise:

@@ -53,13 +53,9 @@ from ..core.features import RandomStates
 # %% ../../nbs/17_tune.ipynb #89a7b6fd
 TARGET_SHARE = 0.1  # a step at least this share of the train iteration is worth a trial
 MIN_PREDICTED = 5.0  # percent: a fix predicted to save less is not tried (unless asked for with `allow`)
+
 KNEE = 1.05  # num_workers: the fewest workers whose predicted iteration is within 5% of the best prediction ...
-# ... with the loading counted this many times over: batches come back in order, so workers that only just keep up
-# leave the loop waiting for every late one (in six interleaved comparisons of 3 to 6 workers on the storage-bound loader
-# of `speed_find_sweep.py`, 1.25 chose 3: 4-11% slower than the best every time; 1.5 chooses 4: 0-8%). A loader that
-# computes too: on the JPEG pipeline of `speed_find_pipeline.py`, its items cached, the knee without it chose 1 worker
-# (predicted 27-36 ms a batch, measured 33-42; 2 and 3 workers 2% and 10% faster in three comparisons run in turns);
-# with it, 2 and the spare, 3
+# ... with the loading counted this many times over: batches come back in order, and each late one holds up the loop
 SLACK = 1.5
 # num_workers: at most this many workers a core, for a loader that waits (storage, sleeps) more than it computes
 OVERSUBSCRIBE = 4
@@ -69,6 +65,7 @@ SPARE = 1
 PROBE_BATCHES, PROBE_TIME = 8, 2.  # the loader alone (`probe_loader`): at most this many batches, or seconds
 HANDOFF_BATCHES = 16  # `probe_handoff`: batches handed over that it times, at most (or `PROBE_TIME` seconds) ...
 HANDOFF_BYTES = 2**26  # ... with at most this many bytes of them ready at once (its worker's queue, in shared memory)
+
 # the share of its step each fix usually removes: `rules.REMEDIES`
 SAVES = {k: r.saves for k, r in REMEDIES.items() if r.saves}
 def steady_times(results:pd.DataFrame) -> dict:
@@ -82,6 +79,7 @@ def predict_workers(wait:float, # Median seconds a batch waits for the loader no
                     k0:int, # Loader worker processes now
                     k:int, # Loader worker processes to predict for
                     n_cores:int, # CPU cores the main process and the workers share
+
                     # Of the loading time, the share that needs a core (`probe_loader`); the rest it waits (storage,
                     # sleeps)
                     share:float=1.,
@@ -104,11 +102,7 @@ def predict_workers(wait:float, # Median seconds a batch waits for the loader no
     work = max(slack*load - saves, 0.)
     got = keep_up(work, compute, k, n_cores, share, handoff)
     if not k: return got
-    # The cores shared: while the workers want `k*share` cores beside the loop's one and there are fewer, the scheduler
-    # gives each runnable process an even share, and the loop's own work is stretched until the workers' batch is made;
-    # then the loop runs alone while the workers, ahead, wait. Over an iteration that costs the loop
-    # (work + handoff)/k*(k*share + 1 - n_cores)/n_cores. On the JPEG pipeline (21 ms of the loop's work, 24 ms of loading
-    # a batch, 3 workers on 2 cores) the cores' bound alone predicted 23 ms a batch and 37 ms were measured; this, 31 ms
+    # the cores shared: the loop's own work stretches while the workers want more cores than there are (17_tune)
     over = max(k*share + 1 - n_cores, 0.)
     return max(got, compute + receive + (work + handoff)*over/(k*n_cores))
 
@@ -143,35 +137,43 @@ class TuneContext:
     model_device:object=None # The model's `torch.device`
     cores:int=1 # Cores this process may run on (`stages.cores`)
     threads:int=1 # torch's intra-op threads
+
     fastai_loader:bool=False # The train loader is a fastai `DataLoader` (its workers and pinning can be set)
     num_workers:int|None=None # Its workers (None: not a fastai loader)
     pin_memory:bool=False # It pins its batches
     n_batches:int=0 # Its batches an epoch
     bs:int|None=None # Its batch size
     dls_device:object=None # `dls.device`: where the batch transforms run (None: where fastai decides)
+
     optimizer:str|None=None # The torch optimizer's class inside fastai's `OptimWrapper` (None: none)
     foreach:bool=False # ... with `foreach` on
     fused:bool=False # ... with `fused` on
     fused_ok:bool=False # ... which takes `fused`
+
     conv:bool=False # The model has convolutions
     channels_last:bool=False # ... in channels_last already
     mixed_precision:bool=False # fastai's `MixedPrecision` is on
     cached:bool=False # The item cache is on
+
     loader_share:float=math.nan # Probed: the share of its time the loader alone computes (`probe_loader`)
     # Probed: its seconds a batch, alone, without workers, less its batch transforms' (`loader_main`), as the loop's
     # wait for a batch leaves them out
     loader_batch:float=math.nan
     loader_main:float=math.nan # Probed: its batch transforms' seconds a batch (the loop runs them, whatever the workers)
+
     cache_saves:float=0. # Probed: seconds an item the item cache saves (`probe_cache`)
     cache_kept:float=1. # Probed: the share of the items it can keep
     cache_why:str='' # Probed: why it can't be used ('' where it can)
     # Probed: the bytes of all the items it would keep (the memory budget holds `cache.BUDGET` of them)
     cache_bytes:float=0.
     cache_disk_saves:float=0. # Probed: seconds an item kept on disk saves (reading it back costs too)
+
     handoff:float=math.nan # Probed: seconds a batch costs a worker more than making it in the loop (`probe_handoff`)
     receive:float=math.nan # Probed: seconds the loop takes a batch a worker has ready (`probe_handoff`)
+
     resize_saves:float=0. # Probed: seconds an item the item resize takes (`probe_resize`)
     resize_why:str='' # Probed: why it can't move to the batch
+
     probed:bool=False # The loader was probed (`speed_find` probes a loader the loop waits for)
     core_wait:float=math.nan # The share of the train loops the training thread waited for a core (the `cores` feature)
     needs:dict=field(default_factory=dict) # What each strategy with `needs` read from the Learner, by its kind
@@ -560,8 +562,7 @@ def fastai_adam(learn) -> dict|None:
 
 def set_torch_optimizer(learn, kernel:str='fused'):
     ("fastai's Adam on `learn` swapped for torch's AdamW (its Adam where the weight decay is L2) with `kernel` "
-     "('fused' or 'foreach') through fastai's `OptimWrapper`: the same parameter groups, hyper-parameters and state "
-     "(the averages shared, the step counts carried); returns the undo, which carries the counts back")
+     "('fused' or 'foreach') through fastai's `OptimWrapper`, its state carried over; returns the undo")
     from fastai.optimizer import OptimWrapper
     adam = fastai_adam(learn)
     if adam is None: raise ValueError("`torch_optimizer` swaps fastai's Adam, and this Learner steps another optimizer")
@@ -626,8 +627,8 @@ def set_batch_size(learn, bs:int):
 
 def set_item_cache(learn, budget:int|str|None=None, every:bool=False):
     ("The train loader's items cached as far as they are the same every epoch (`cache.cache_items`, filled now), every "
-     "fastai loader's with `every`: in memory up to `budget` bytes (default `cache.BUDGET`), or with `'disk'` up to "
-     "`cache.BUDGET` and on disk past it (a temporary folder, removed by the undo); returns the undo")
+     "fastai loader's with `every`: in memory up to `budget` bytes, or with `'disk'` on disk past `cache.BUDGET`; "
+     "returns the undo")
     disk = budget == 'disk'
     undo, caches, notes = cache_loaders(learn, _cache.BUDGET if disk or budget is None else budget,
                                         None if every else [learn.dls.train], disk=disk)
@@ -720,6 +721,7 @@ class Strategy:
     keep:object=''
     every:bool=False # `apply` takes `every`: trials set it on the train loader, `SpeedResult.apply` on every loader
     first:bool=False # Tried before the others: it removes the loader's work, which workers would only share out
+
     # `needs(learn) -> value`: what else of the Learner `predict` reads, in `ctx.needs[kind]` (saved with the start:
     # plain values)
     needs:callable=None
@@ -729,6 +731,7 @@ class Strategy:
     persist:callable=None
     reprobe:str='' # One of `REPROBES`: what `speed_find` probes again once it is kept (another loader now)
     again:bool=False # Planned again once kept (a count searched upward: the workers)
+
     # `hold(learn, value) -> (undo, off, on)`: set it once and switch it off and on between a trial's blocks, where
     # setting it costs more than a block (a cache filled); None: `apply` and its undo each block
     hold:callable=None
@@ -824,9 +827,7 @@ def probe_loader(learn, # A Learner whose train loader is a fastai `DataLoader`
                  keep:list|None=None,
                 ) -> tuple:
     ("`(share, seconds, main)`: the train loader of `learn` alone, without workers, for a few batches: the share of "
-     "its time its thread ran on a core, less its waits for one (`stages.work_share`; under `stages.WAITING` it mostly "
-     "waits), its seconds a batch, and of those the seconds its batch transforms took (`after_batch`: fastai runs them "
-     "in the main process, whatever the workers)")
+     "its time it computed (`stages.work_share`), its seconds a batch, and of those its batch transforms' seconds")
     dl = learn.dls.train
     if not hasattr(dl, 'fake_l'): raise TypeError(f'`probe_loader` needs a fastai DataLoader, got {type(dl).__name__}')
     n, spent, tfms = 0, [0.], dl.after_batch
@@ -938,7 +939,7 @@ def run_trial(learn, batches:int, warmup:int, deadline:float, sync:str='auto'):
     try:
         with learn.no_logging(): learn.fit(epochs, cbs=TrialEnd(batches, warmup, deadline))
     finally:  # the loader iterator the stop left behind, and its worker processes, go now and not in a later fit
-        # (a full collection costs ~0.1 s: only when there are workers)
+        # (a full collection costs time: only when there are workers)
         if any(dl.fake_l.num_workers for dl in _loaders(learn)): gc.collect()
     return without_last(profile_of(learn, full=False))
 
@@ -1001,6 +1002,7 @@ class SpeedResult:
     trials:pd.DataFrame # One row per configuration tried (`TRIAL_COLS`); row 0 is the starting one
     fixes:list # The accepted `Fix`es, in the order they were accepted
     verdict:str # The outcome in words
+
     notes:list=field(default_factory=list) # What was not tried, and why
     seconds:float=0. # The search's own wall time, restoring the Learner included
     max_time:float=math.inf # Its budget in seconds
@@ -1097,9 +1099,8 @@ RECORD_ENV = 'FASTXTEND_PROF_SPEED_RECORD'  # where `speed_find` appends its cal
 RECORD_COLS = ('when', 'run', 'fix', 'kind', 'predicted_s', 'measured_s', 'error_pct', 'kept', 'median_s')
 
 def append_record(res, path):
-    ("Append to the CSV file `path` a line per fix `res` (a `SpeedResult`) measured: when, the run it tuned, the fix, "
-     "the predicted and the measured mean iteration (the batch over it is the samples/s), the error in percent, "
-     "whether it was kept, and the measured median (`median_s`: with workers far ahead it is the hand-over alone)")
+    ("Append to the CSV file `path` a line per fix `res` (a `SpeedResult`) measured, its prediction beside its "
+     "measurement (`RECORD_COLS`); returns the path")
     t = res.trials[(res.trials.Trial > 0) & res.trials.Mean.notna()]
     st = res.start
     run = f"{st.device}, bs {st.bs}, num_workers {st.num_workers}, {st.optimizer or 'no torch optimizer'}"
@@ -1126,9 +1127,7 @@ def _ratio_range(ratio:pd.Series) -> tuple:
 
 def calibration(path) -> dict:
     ("How right `speed_find`'s predictions were over a record (`append_record`): the fixes measured, the median and "
-     "the worst absolute error in percent, the range of measured ÷ predicted (`range`: 10th and 90th percentiles), and "
-     "the same by kind of fix (`by_kind`), and the ranges of the kinds with `RANGE_MIN_FIXES` fixes or more "
-     "(`ranges`): what `record_ranges` gives `prediction_range`, for this record's machine")
+     "the worst absolute error in percent, and the range of measured ÷ predicted, overall and by kind of fix")
     try: d = pd.read_csv(path)
     except (OSError, ValueError, UnicodeDecodeError) as e:
         raise ValueError(f'{path}: not a speed_find record ({type(e).__name__}: {e})') from None
@@ -1196,8 +1195,8 @@ PROBED = ('loader_share', 'loader_batch', 'loader_main', 'cache_saves', 'cache_k
 
 def _probe(learn, ctx:TuneContext, deadline:float, items:bool=True, allow=()):
     ("Into `ctx`: the train loader alone (`probe_loader`: the share it computes, its time a batch), once what handing "
-     "its batch over from a worker costs (`probe_handoff`) and, with `items`, what caching its items would save "
-     "(`probe_cache`) and, where allowed, moving its resize to the batch (`probe_resize`)")
+     "its batch over costs (`probe_handoff`) and, with `items`, what caching its items (`probe_cache`) and, where "
+     "allowed, moving its resize to the batch (`probe_resize`) would save")
     left, keep = max(0., deadline - time.monotonic()), []
     ctx.loader_share, alone, ctx.loader_main = probe_loader(learn, max_time=min(PROBE_TIME, left/10), keep=keep)
     ctx.loader_batch = alone - ctx.loader_main  # what workers take over (fastai runs the batch transforms in the loop)
@@ -1354,6 +1353,7 @@ def speed_find(self:Learner,
     record=None,
     block:int=10, # Steady train batches a block: a fix and the best so far run in pairs of blocks, in turns
     power:float=0.8, # Pairs enough to find the fix's predicted saving (half of it, at least `min_change`) this often
+
     keep:callable=keep_faster, # `keep(paired, level, min_change) -> bool`: the rule that keeps a fix
     spend:callable=halving, # `spend(alpha, k) -> level`: the level of the k-th fix tried (the levels sum to `alpha`)
 ) -> SpeedResult:
@@ -1461,8 +1461,8 @@ def pair_order() -> random.Random:
 def _in_turns(learn, f, best_mean:float, bs0:int, level:float, min_change:float, power:float, keep, pilot:int,
               block:int, warmup:int, deadlines:tuple, sync:str, rng, batches_left) -> tuple:
     ("`((switch, turns, paired, kept, note), None)`: fix `f` in pairs of blocks with the best so far, a pilot of "
-     "`pilot` pairs and as many more as find its saving `power` of the time, within the first of `deadlines` (its "
-     "share of the budget; the second, the search's); `(None, error)` where setting it or a trial failed, `f` undone")
+     "`pilot` pairs and as many more as find its saving `power` of the time, within `deadlines` (its share of the "
+     "budget, the search's); `(None, error)` where setting it or a trial failed, `f` undone")
     sw = None
     try:
         sw = _Switch(learn, f)

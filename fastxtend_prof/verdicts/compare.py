@@ -66,10 +66,10 @@ def stage_changes_text(st:pd.DataFrame, width:int|None=None) -> str:
     return title + '\n' + text_table(t, list(t.columns), {Cols.STEP: 'Stage'})
 
 # %% ../../nbs/08_compare.ipynb #1cb42137
-MIN_CALLS, CONFIDENCE = 30, 0.95  # ALPHA, MIN_CHANGE, MIN_SHARE (0.01, 5, 2) are in `fastxtend_prof.core.defaults`, where `fastxtend-prof --help` reads them
+MIN_CALLS, CONFIDENCE = 30, 0.95  # ALPHA, MIN_CHANGE, MIN_SHARE: in `core.defaults`, for `--help`
 HEADLINE = (Phase.TRAIN, Step.ITERATION)  # the row the verdict leads with and the CLI gates on by default
-COMPARED_SETTINGS = tuple((f.name, f.differs) for f in META_FIELDS if f.differs)  # the metadata that makes two runs incomparable when it differs, as a warning names it
-POWER = 0.8  # how often a change of `min_change` must be found, in the verdict's "runs a side" figure
+COMPARED_SETTINGS = tuple((f.name, f.differs) for f in META_FIELDS if f.differs)  # (setting, its name in a warning)
+POWER = 0.8  # how often the "runs a side" plan finds a `min_change`
 
 def _values(runs:list, key:str) -> list:
     "The distinct values of the setting `key` among `runs`, in their order (unset ones left out)"
@@ -126,7 +126,9 @@ def change_pairs(base:list, new:list, confidence:float=0.95, block:int=BLOCK, al
     return _runs_row(base, new, st, f"{st['test']} of runs in turns", math.nan)
 
 def change_runs(base:list, new:list, confidence:float=0.95, block:int=BLOCK, noise:Noise|None=None) -> dict:
-    "How one step's durations in the runs `new` differ from those in the runs `base` (a distribution a run, several runs on a side at least): `stats.compare_runs` of each run's `stats.estimate` (each run at least as far from its side's level as a trial of a `noise` record was), each side's level, its runs' median median and their calls"
+    ("How one step's durations in the runs `new` differ from those in the runs `base` (a distribution a run, "
+     "several runs on a side at least): `stats.compare_runs` of each run's `stats.estimate`, floored by `noise`; "
+     "each side's level, its runs' median median and their calls")
     st = compare_runs([estimate(d, block) for d in base], [estimate(d, block) for d in new], confidence, noise.spread if noise else 0.)
     return _runs_row(base, new, st, f't on {len(base)} + {len(new)} runs', 100*st['between'])
 
@@ -196,15 +198,15 @@ def _trained_at(bs:list, ns:list) -> tuple:
     "Each side's rate it trained at (train samples over train time, its runs' mean): the rate the page's headline and `history` show"
     return tuple(_mean_of([r.results for r in runs], Phase.FIT, Step.TRAIN) for runs in (bs, ns))
 
-def compare_profiles(base, # The baseline: a JSON file from `learn.profile(save_json=True)`, a `SavedProfile`, a profiled Learner, a folder of runs, or a list of runs
-                     new, # The run (or runs) to judge, in any of the same forms
-                     alpha:float=ALPHA, # A change is significant only if its test's p-value is below this
-                     min_change:float=MIN_CHANGE, # ... and the mean moved by at least this many percent: the least change worth calling
-                     min_share:float=MIN_SHARE, # ... and by at least this many percent of the phase's iteration time (smaller moves don't change the batch)
-                     confidence:float=CONFIDENCE, # Of the interval on the change of the mean
-                     block:int=BLOCK, # Batches a block of the statistics (`stats.estimate`): `speed_find` gives the loader's workers
-                     noise=None, # A noise record (`learn.noise_find(save=...)`) or its path: how far a run is from the machine's level, counted for each run (not for runs in turns: a pair's level cancels)
-                     within_run:bool=False, # One run a side without `noise`: judge on the noise inside each run alone, right only where the machine's speed holds still from run to run (else such rows are 'not judged')
+def compare_profiles(base, # The baseline: a run or runs
+                     new, # The run or runs to judge
+                     alpha:float=ALPHA, # Significant: p-value under this
+                     min_change:float=MIN_CHANGE, # ... and moved by this many %
+                     min_share:float=MIN_SHARE, # ... and by this % of the iteration
+                     confidence:float=CONFIDENCE, # Of the interval on the change
+                     block:int=BLOCK, # Batches a block (`stats.estimate`)
+                     noise=None, # A noise record, or its path
+                     within_run:bool=False, # One run a side: judged within the runs
                     ) -> pd.DataFrame:
     "Per (phase, step), how `new`'s per-batch times differ from `base`'s, with a test (with several runs a side, on the runs: in pairs where they ran in turns); the verdict and warnings in `.attrs`"
     check_number('alpha', alpha, 0, 1, open_lo=True); check_number('confidence', confidence, 0, 1, open_lo=True)
@@ -350,9 +352,9 @@ class Baseline(Feature):
     "The fit compared with a profile saved earlier (`save_json=True`): the comparison under the report, and advice on the steps that got slower"
     name, order, main, rules = 'baseline', 950, 'profile', (baseline,)
     def __init__(self,
-        profile=None, # The run to compare with: a JSON file from `learn.profile(save_json=True)`, a `SavedProfile`, a profiled Learner, or several runs (a folder or a list)
-        noise=None, # A noise record (`learn.noise_find(save=...)`) or its path: judges a fit against one baseline run with the machine's spread
-        within_run:bool=False, # Against one baseline run without `noise`: judge on the noise inside the runs alone (`compare_profiles`)
+        profile=None, # The run or runs to compare with (as `compare_profiles`' `base`)
+        noise=None, # A noise record or its path: the machine's spread
+        within_run:bool=False, # One baseline run, no `noise`: judge within the runs
     ):
         if profile is None: raise ValueError('`baseline` needs the profile to compare with: a JSON file saved with `learn.profile(save_json=True)`')
         self.profile = read_runs(profile, 'baseline')  # read now: a bad file fails here, not after training

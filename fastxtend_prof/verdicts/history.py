@@ -62,13 +62,13 @@ class Series:
      "batch, the run's wait for a core taken out; each part's lower quartile) with its standard error, and the mean "
      "a steady batch as timed")
     runs:list # The `SavedProfile`s, oldest first
-    steps:list # The train steps every run timed, the iteration first, then its parts in `HISTORY_STEPS` order
-    mean:np.ndarray # runs × steps: the level, seconds a batch (the iteration's mean, adjusted; a part's quartile)
-    se:np.ndarray # runs × steps: its standard error (`stats.estimate`, `stats.quartile`)
-    df:np.ndarray|None=None # runs × steps: the degrees of freedom of `se`
-    timed:np.ndarray|None=None # runs × steps: mean seconds a steady batch, as timed (`mean` where not given)
-    timed_se:np.ndarray|None=None # runs × steps: its standard error
-    adjusted:bool=False # Whether the iteration's level has the runs' wait for a core taken out (`core_stretch`)
+    steps:list # The iteration, then its parts every run timed
+    mean:np.ndarray # Runs × steps: the level, seconds a batch
+    se:np.ndarray # Its standard error
+    df:np.ndarray|None=None # The degrees of freedom of `se`
+    timed:np.ndarray|None=None # Mean seconds a steady batch, as timed
+    timed_se:np.ndarray|None=None # Its standard error
+    adjusted:bool=False # Whether the iteration's wait for a core is taken out
 
     def __post_init__(self):
         if self.timed is None: self.timed, self.timed_se = self.mean, self.se
@@ -90,10 +90,8 @@ class Series:
         return np.log(self.mean).T, ((self.se/self.mean)**2).T
 
     def spread(self) -> pd.DataFrame:
-        ("Per step, how far a run is from the one before, as the spread of one run (percent, log scale, from "
-         "successive differences, which a change point moves once): `Timed %` (the mean as timed), `Level %` (the "
-         "level) and `Tested %` (what the change-point test reads, `tested`); `Own %`: the median run's own error "
-         "as tested")
+        ("Per step, how far a run is from the one before, as the spread of one run (percent, log scale): `Timed %`, "
+         "`Level %` and `Tested %`; `Own %`: the median run's own error as tested")
         def sd(x):
             return 100*np.sqrt(np.mean(np.diff(x, axis=0)**2, axis=0)/2) if len(x) > 1 else np.full(x.shape[1], np.nan)
         x, v = self.tested()
@@ -166,12 +164,8 @@ class Change:
      "the step that moved")
     at:int # Index of the first run after the change
     p:float # The test's p-value: its most significant step's, adjusted for every step tested
-    # Per step: its own time's `Change %` with `CI Low %`, `CI High %` and `p-value`, seconds a batch `Before` and how
-    # many it `Moved` (with `Moved Low`, `Moved High`); the test's `Against Rest %` (a part's), adjusted `Detection p`
-    # and `Detected`; `Significant`: detected, and moved that way in its own time, significantly (what the gate reads);
-    # `Listed`: significant, or its own time moved significantly and enough (what the text and the JSON list)
-    table:pd.DataFrame
-    step:str # The step that moved: the part whose own change accounts for the iteration's ('iteration' where none does)
+    table:pd.DataFrame # Per step: its own time's change, and the test's reading of it
+    step:str # The step that moved ('iteration' where no part accounts for the change)
 
 def own_changes(s:Series, lo:int, at:int, hi:int, alpha:float=ALPHA, confidence:float=0.95) -> pd.DataFrame:
     ("Per step of `s`, its own time's change from runs `lo`..`at` - 1 to runs `at`..`hi` - 1: the runs' weighted "
@@ -190,17 +184,9 @@ def own_changes(s:Series, lo:int, at:int, hi:int, alpha:float=ALPHA, confidence:
 
 def _moved(table:pd.DataFrame, trigger:str, alpha:float=ALPHA, min_shift:float=MIN_SHIFT,
            min_share:float=MIN_SHARE) -> str:
-    """The part of the batch that moved (the draw's parts where timed, else the draw; the draw where only it did):
-    of the `Significant` parts, the one that moved the most a batch (where a busy machine's iteration is too noisy
-    to give the way it moved); else a part whose own time changed significantly (under `alpha`) the iteration's way
-    and outgrew the rest of the iteration by `min_shift`% of itself and `min_share`% of the iteration, the one that
-    moved the most a batch; else, of the parts the test found changed against the rest of the iteration
-    (`Detected`), the one whose own time moved the most a batch in that direction, the iteration's first; where none
-    moved that way in its own time (the machine moved the other way), the one that changed most against the rest;
-    where the test found no part, the step that made the change point (`trigger`). The own-time rules come before
-    `Detected` because the scan's calibrated test can miss the part that moved on a noisy machine while the parts it
-    did not touch change against it: a forward pass 2.2x slower under changing load was not `Detected` while the
-    optimizer step, its own time unchanged (-0.2%), was, against a rest that had grown"""
+    ("The part of the batch that moved (the draw's parts where timed, else the draw; the draw where only it did): of "
+     "the `Significant` parts, else of those whose own time outgrew the rest, else of the `Detected` ones, the one "
+     "that moved the most a batch; else `trigger`")
     draw_split = any(str(s) in table.index for s in DRAW_STEPS)
     cands = (_leaves(list(table.index)), [str(Step.DRAW)] if draw_split and str(Step.DRAW) in table.index else [])
     # a part the test found, whose own time moved significantly and enough of the batch: the one that moved the most
@@ -222,68 +208,80 @@ def _moved(table:pd.DataFrame, trigger:str, alpha:float=ALPHA, min_shift:float=M
         return str((t['Against Rest %'].abs()*t.Before).idxmax())
     return trigger
 
+@dataclass
+class _Bar:
+    ("What `change_points` calls a change: the test's level and null draws, the intervals' confidence, the smallest "
+     "move of a step and of the batch, each step's share of the iteration (%)")
+    alpha:float; draws:int; confidence:float; min_shift:float; min_share:float; share:np.ndarray
+    def enough(self, d):
+        "Whether log shifts `d` move each step, and the batch's time, enough"
+        return (100*np.abs(np.expm1(d)) >= self.min_shift) & (np.abs(np.expm1(d))*self.share >= self.min_share)
+
+def _best_split(x, v, lo:int, hi:int, bar:_Bar):
+    ("`(at, (at, ps))` for `stats.segment`: the split of runs `lo`..`hi` - 1 its most significant step points to, and "
+     "every step's adjusted p-value; None where no step's is under `bar.alpha`")
+    if hi - lo < MIN_RUNS: return None
+    xs, vs = x[:, lo:hi], v[:, lo:hi]
+    # the whole stretch and its halves: a level that moves and comes back is diluted in the whole, whole in a half
+    stretches = halves(hi - lo, HALF_RUNS)
+    scans = [scan(xs[:, a:b], vs[:, a:b]) for a, b in stretches]
+    zs = np.stack([np.abs(z).max(-1) for z, *_ in scans])  # stretches × steps
+    own = zs.max(0)
+    ps = adjusted_p(own, null_draws(xs, vs, bar.draws, stretches=stretches))
+    if not (ps < bar.alpha).any(): return None
+    # each step's best split: its stretch, where in it, and the shift there
+    r = zs.argmax(0)
+    k = [int(np.abs(scans[r[j]][0][j]).argmax()) for j in range(len(ps))]
+    big = bar.enough(np.array([scans[r[j]][1][j, k[j]] for j in range(len(ps))]))
+    # the most significant step that moved enough, else (a shift diluted across a level that came back) the most
+    # significant
+    pick = np.flatnonzero((ps < bar.alpha) & big)
+    first = min(pick if len(pick) else np.flatnonzero(ps < bar.alpha), key=lambda j: (ps[j], -own[j]))
+    at = lo + stretches[r[first]][0] + int(scans[r[first]][3][k[first]])
+    return at, (at, ps)
+
+def _split_table(s:Series, lo:int, at:int, hi:int, ps, rest, bar:_Bar) -> pd.DataFrame:
+    ("`own_changes` of the split at run `at`, with each step's move against the rest of the batch (`rest`, log), its "
+     "test's p-value `ps`, and whether it was detected, is significant and is listed")
+    table = own_changes(s, lo, at, hi, bar.alpha, bar.confidence)
+    moved, own = table.Moved.to_numpy(), table[CHANGE].to_numpy()
+    part = np.arange(len(s.steps)) > 0
+    table['Against Rest %'] = np.where(part, 100*np.expm1(rest), np.nan)
+    table['Detection p'] = ps
+    # a step moved where the test says so at this split, and its own time moved that way, by enough of itself (a
+    # part against a rest that moved, in its own time still, did not) and of the batch
+    table['Detected'] = (ps < bar.alpha) & np.where(part, bar.enough(rest), bar.enough(np.log1p(own/100)))
+    own_p, batch = table[P_VALUE].to_numpy() < bar.alpha, 100*np.abs(moved)/table.Before.iloc[0] >= bar.min_share
+    table['Significant'] = table.Detected & np.where(part, np.sign(moved) == np.sign(rest), True) & own_p & batch
+    # what the change point says moved: those, and every step whose own time moved significantly and enough (a
+    # slower machine or a bigger model moves them all, against the rest or not)
+    table['Listed'] = table.Significant | (own_p & (np.abs(own) >= bar.min_shift) & batch)
+    return table
+
+def _judged(s:Series, x, v, lo:int, at:int, hi:int, ps, bar:_Bar):
+    "The `Change` at run `at` from the level of runs `lo`..`at` - 1 to that of `at`..`hi` - 1; None where no step moved enough"
+    z, shift, se, splits = scan(x[:, lo:hi], v[:, lo:hi])
+    k = at - lo - int(splits[0])
+    rest = shift[:, k]
+    big = bar.enough(rest) & (ps < bar.alpha)
+    if not big.any(): return None
+    first = min(np.flatnonzero(big), key=lambda j: (ps[j], -abs(z[j, k])))  # the most significant step that moved enough
+    table = _split_table(s, lo, at, hi, ps, rest, bar)
+    return Change(at, float(ps[first]), table, _moved(table, s.steps[first], bar.alpha, bar.min_shift, bar.min_share))
+
 def change_points(s:Series, alpha:float=ALPHA, draws:int=DRAWS, confidence:float=0.95, min_shift:float=MIN_SHIFT,
                   min_share:float=MIN_SHARE) -> list:
-    ("The `Change`s of `s`: binary segmentation on the test alone (`stats.segment`: in each stretch of runs, the split "
-     "of the most significant step, `stats.scan` on the iteration and each part against the rest, calibrated by "
-     "`stats.null_max`, adjusted by `stats.adjusted_p`, under `alpha`; then each side), then each split judged between "
-     "the levels on either side of it, up to the next splits: a change point where a step moved `min_shift`% or more "
-     "and by `min_share`% of the iteration; the least significant split that moved no step enough is dropped and its "
-     "neighbours judged again")
+    ("The `Change`s of `s`: binary segmentation on the test alone (`stats.segment`), then each split judged between "
+     "the levels on either side of it, up to the next splits; a split that moved no step enough is dropped")
     x, v = s.tested()
     share = 100*np.exp(np.log(s.mean).mean(0) - np.log(s.mean[:, 0]).mean())  # each step's share of the iteration, %
-    # a shift that moves the step, and the batch's time, enough
-    enough = lambda d: (100*np.abs(np.expm1(d)) >= min_shift) & (np.abs(np.expm1(d))*share >= min_share)
-    def find(lo, hi):
-        if hi - lo < MIN_RUNS: return None
-        xs, vs = x[:, lo:hi], v[:, lo:hi]
-        # the whole stretch and its halves: a level that moves and comes back (an improvement undone) is diluted at
-        # any one split of the whole, whole inside a half; halves of `HALF_RUNS` runs or more, as the few degrees of
-        # freedom of shorter ones give their largest |z| under no change a tail that swamps the whole's
-        stretches = halves(hi - lo, HALF_RUNS)
-        scans = [scan(xs[:, a:b], vs[:, a:b]) for a, b in stretches]
-        zs = np.stack([np.abs(z).max(-1) for z, *_ in scans])  # stretches × steps
-        own = zs.max(0)
-        ps = adjusted_p(own, null_draws(xs, vs, draws, stretches=stretches))
-        if not (ps < alpha).any(): return None
-        # each step's best split: its stretch, where in it, and the shift there
-        r = zs.argmax(0)
-        k = [int(np.abs(scans[r[j]][0][j]).argmax()) for j in range(len(ps))]
-        big = enough(np.array([scans[r[j]][1][j, k[j]] for j in range(len(ps))]))
-        # the most significant step that moved enough, else (a shift diluted across a level that came back) the most
-        # significant
-        pick = np.flatnonzero((ps < alpha) & big)
-        first = min(pick if len(pick) else np.flatnonzero(ps < alpha), key=lambda j: (ps[j], -own[j]))
-        at = lo + stretches[r[first]][0] + int(scans[r[first]][3][k[first]])
-        return at, (at, ps)
-    def judged(lo, at, hi, ps):
-        "The `Change` at run `at` from the level of runs `lo`..`at` - 1 to that of `at`..`hi` - 1; None where no step moved enough"
-        z, shift, se, splits = scan(x[:, lo:hi], v[:, lo:hi])
-        k = at - lo - int(splits[0])
-        rest = shift[:, k]
-        big = enough(rest) & (ps < alpha)
-        if not big.any(): return None
-        first = min(np.flatnonzero(big), key=lambda j: (ps[j], -abs(z[j, k])))  # the most significant step that moved enough
-        table = own_changes(s, lo, at, hi, alpha, confidence)
-        moved, own = table.Moved.to_numpy(), table[CHANGE].to_numpy()
-        part = np.arange(len(s.steps)) > 0
-        table['Against Rest %'] = np.where(part, 100*np.expm1(rest), np.nan)
-        table['Detection p'] = ps
-        # a step moved where the test says so at this split, and its own time moved that way, by enough of itself (a
-        # part against a rest that moved, in its own time still, did not) and of the batch
-        table['Detected'] = (ps < alpha) & np.where(part, enough(rest), enough(np.log1p(own/100)))
-        own_p, batch = table[P_VALUE].to_numpy() < alpha, 100*np.abs(moved)/table.Before.iloc[0] >= min_share
-        table['Significant'] = table.Detected & np.where(part, np.sign(moved) == np.sign(rest), True) & own_p & batch
-        # what the change point says moved: those, and every step whose own time moved significantly and enough (a
-        # slower machine or a bigger model moves them all, against the rest or not)
-        table['Listed'] = table.Significant | (own_p & (np.abs(own) >= min_shift) & batch)
-        return Change(at, float(ps[first]), table, _moved(table, s.steps[first], alpha, min_shift, min_share))
+    bar = _Bar(alpha, draws, confidence, min_shift, min_share, share)
     # split on the test alone, then judge each split's size between its neighbours: a shift read across a level that
     # came back is diluted
-    found = segment(0, len(s.runs), find)
+    found = segment(0, len(s.runs), lambda lo, hi: _best_split(x, v, lo, hi, bar))
     while True:
         bounds = [0, *(at for at, _ in found), len(s.runs)]
-        changes = [judged(bounds[i], at, bounds[i + 2], ps) for i, (at, ps) in enumerate(found)]
+        changes = [_judged(s, x, v, bounds[i], at, bounds[i + 2], ps, bar) for i, (at, ps) in enumerate(found)]
         weak = [i for i, c in enumerate(changes) if c is None]
         if not weak: return changes
         found.pop(max(weak, key=lambda i: (found[i][1].min(), i)))
@@ -303,18 +301,16 @@ class Verdict:
     change:dict
     accepted:list # The accepted runs (indices) the reference starts from
     why:str='' # In words: how the reference was found
-    confidence:float=0.98 # Of `change`'s interval: 1 - 2 `alpha`, so that its lower end is the bound the one-sided test reads
-    # The smallest slowdown of `step` (percent) these runs find `POWER` of the time (a run spreading as the reference's
-    # runs do about their level); NaN where the reference has no spread between runs
+    confidence:float=0.98 # Of `change`'s interval: 1 - 2 `alpha`, its lower end the one-sided test's bound
+    # The smallest slowdown of `step` (percent) these runs find `POWER` of the time; NaN: no spread between runs
     can_see:float=math.nan
     @property
     def failed(self) -> bool: return self.kind == 'regression'
 
 def _level_of(xr, vr, xi, vi, floor:float=0., floor_df:float=math.inf) -> tuple:
     ("`(d, e, df, tau2, phi)`: the log mean `xi` (its own variance `vi`) less the level of the runs `xr` (variances "
-     "`vr`, runs on the last axis), and the error of that prediction: the between-run variance (`stats.between`) and "
-     "the spread beyond it (Knapp and Hartung), or, given a noise record's between-trial variance `floor` with its "
-     "`floor_df` degrees of freedom, the two pooled (at least `floor`); and the level's error")
+     "`vr`, runs on the last axis), the error of that prediction, its degrees of freedom, the between-run variance "
+     "and the spread beyond it")
     k = xr.shape[-1]
     tau2, df = (between(xr, vr) if k > 1 else np.zeros(xr.shape[:-1])), k - 1
     if floor > 0: tau2, df = np.maximum((df*tau2 + floor_df*floor)/(df + floor_df), floor), df + floor_df
@@ -337,9 +333,8 @@ def _predicted(xr, vr, xi:float, vi:float, confidence:float, floor:float=0., flo
             'vbar': float(vr.mean()), 'vi': vi, 'd': d, 'e': e, 'model': (vr, floor, floor_df)}
 
 def _can_see(t:dict, alpha:float, want:float=POWER, draws:int=2000, seed:int=0) -> float:
-    ("The smallest slowdown (percent) the one-sided test of `t` (`_predicted`) at `alpha` finds `want` of the time: "
-     "runs drawn as the reference's spread (their own errors and the between-run variance that, with the spread beyond "
-     "it, they showed), each judged as the gate judges; NaN where `t` has no spread between runs")
+    ("The smallest slowdown (percent) the one-sided test of `t` (`_predicted`) at `alpha` finds `want` of the time, "
+     "runs drawn as the reference spreads; NaN where `t` has no spread between runs")
     if 'model' not in t: return math.nan
     vr, floor, floor_df = t['model']
     b2 = max(t['phi']*(t['tau2'] + t['vbar']) - t['vbar'], floor, 0.)  # the between-run variance the runs showed
@@ -353,9 +348,7 @@ def _can_see(t:dict, alpha:float, want:float=POWER, draws:int=2000, seed:int=0) 
 
 def _latest_vs(s:Series, j:int, ref:list, i:int, confidence:float, tested:bool=False, noise=None) -> dict:
     ("Run `i`'s step `j` against the runs `ref`, in its own time (`tested`: as the change points test it, a part "
-     "against the rest of the iteration): a prediction from their level with the spread between runs (3 runs or more, "
-     "or a `noise` record, whose between-trial spread is then the least between-run spread of the step's own time), "
-     "else the runs pooled by their own errors alone, as `compare` reads two runs")
+     "against the rest of the iteration): `_predicted` from their level, or the runs pooled as `compare` reads two")
     x, v = s.tested() if tested else s.own()
     xr, vr = x[j, ref], v[j, ref]
     floor = noise.between**2 if noise is not None and not (tested and j) else 0.  # (the record times the iteration)
@@ -405,11 +398,8 @@ def _undecided(ch:dict, alpha:float, pct:float, have:int, noise:bool) -> str:
             f"tell a change this size{more}")
 
 def gate(h, pct:float=0., step:str='train/iteration', accepted=(), confidence:float|None=None) -> Verdict:
-    """The latest run of history `h` against its reference level: the runs from the last accepted run (`accepted`:
-    indices, the first run of an intended change) on, up to the earliest slowdown of `step` since (a change point where
-    it got significantly slower, or the last runs, fewer than a change point needs, each slower on its own); an
-    improvement moves the reference to the improved level. A regression: significantly slower than the reference, by
-    more than `pct`%"""
+    ("The `Verdict` on the latest run of history `h` against its reference level (from the last of the `accepted` "
+     "runs' indices on): a regression where it is significantly slower than it, by more than `pct`%")
     phase, _, name = step.partition('/')
     if phase != str(Phase.TRAIN) or name not in h.series.steps:
         raise ValueError(f"`step` {step!r} is not in the history; it has "
@@ -479,7 +469,7 @@ class History:
     notes:list=field(default_factory=list) # What could not be judged, and why
     draws:int=DRAWS # Series drawn under no change for each test
     min_share:float=MIN_SHARE # Percent of the iteration a change moves the batch's time by
-    # A noise record of the machine (`noise.Noise`): the least spread between runs the gate reads; None: the runs' own
+    # A `noise.Noise` record: the least between-run spread the gate reads
     noise:object=None
     @property
     def runs(self) -> list: return self.series.runs
@@ -493,8 +483,7 @@ def history(runs,
             min_shift:float=MIN_SHIFT, # ... and it moves a step by at least this many percent
             min_share:float=MIN_SHARE, # ... and the batch's time by at least this many percent of the iteration
             confidence:float=0.95, # Of the intervals on each change
-            # A noise record (`learn.noise_find`, a `Noise` or its file): the gate reads each run at least as far from the
-            # reference's level as the record's trials were from each other, with its degrees of freedom
+            # A noise record (`learn.noise_find`, a `Noise` or its file): the least spread between runs the gate reads
             noise=None,
            ) -> History:
     ("Change points of every train step across `runs` (a folder: its runs oldest first), each with the step that moved "

@@ -39,7 +39,8 @@ class Noise:
         return float(np.median(self.errors))
     @property
     def between(self) -> float:
-        "The standard deviation of a trial's level on the log scale beyond its own error: what the machine does between trials, which no trial's batches show. The trials' spread less their own mean variance (Hedges' estimator: trials of one length count alike; weighing each by its own error, as DerSimonian and Laird do, lets the quietest trials hide a moving level)"
+        ("The standard deviation of a trial's level on the log scale beyond its own error: what the machine does "
+         "between trials, which no trial's batches show (Hedges' estimator)")
         x, v = np.log(self.levels), np.square(self.errors)
         return float(math.sqrt(max(0., float(np.var(x, ddof=1)) - float(v.mean()))))
     @property

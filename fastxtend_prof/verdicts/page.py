@@ -189,12 +189,12 @@ def headline(res:pd.DataFrame) -> list:
     if model == model: out.append((f'{model:,.0f} samples/s', "the model alone: the batch step's rate, data free"))
     return out + [(format_duration(fit) if fit == fit else '—', 'whole fit')]
 
-def profile_page(source, # A Learner after a profiled fit, a JSON file from `learn.profile(save_json=...)`, or a `SavedProfile`
-                 baseline=None, # A run to compare with (the same kinds): adds the comparison
+def profile_page(source, # A profiled Learner, its JSON file or a `SavedProfile`
+                 baseline=None, # A run to compare with (the same kinds)
                  title:str|None=None, # The page's title (default: the report's)
                  max_points:int=MAX_POINTS, # A timeline's points per step at most
                  noise=None, # With `baseline`: a noise record, as `compare_profiles` takes
-                 within_run:bool=False, # With `baseline` and no `noise`: judge on the noise inside each run alone (`compare_profiles`)
+                 within_run:bool=False, # With `baseline`, no `noise`: judge within the runs
                 ) -> str:
     "One self-contained HTML page of a profile: overview, report table, timelines, distributions, features, ranks, comparison, metadata"
     plotly_modules()  # an ImportError saying what to install, before any work

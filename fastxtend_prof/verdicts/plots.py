@@ -178,12 +178,8 @@ def plot_profile(results:pd.DataFrame, # `learn.simple_profile_results`
     return fig
 
 # %% ../../nbs/07_plots.ipynb #15101a14
-def plot_timeline(rec:TimingRecorder, # The recorder of a profiled fit: `learn.profile_result.recorder`
-                  ax=None, # A matplotlib axes to draw on; a new figure when None
-                  fname:str|Path|None=None, # Save the figure to this file (PNG unless its suffix says otherwise)
-                  phase:str=Phase.TRAIN, # Which loop's batches to draw: 'train' or 'valid'
-                 ):
-    "Per-batch step times of `phase` over the run recorded by `rec`, stacked by step (`between steps`: callbacks and loop code between a batch's steps), warmup and traced batches hatched; saved to `fname`"
+def _timeline_rows(rec:TimingRecorder, phase:str):
+    "`timeline_frame`'s rows of `phase`, checked: every batch kept, at least one"
     if str(phase) not in (Phase.TRAIN, Phase.VALID): raise ValueError(f"`phase` must be 'train' or 'valid', got {phase!r}")
     tb = _times(rec).tables[Phase(str(phase))]
     if tb.offset: raise ValueError(f'the timeline needs every batch, but {tb.offset} of the {tb.n} {phase} batches were folded into '
@@ -192,26 +188,44 @@ def plot_timeline(rec:TimingRecorder, # The recorder of a profiled fit: `learn.p
     tl = timeline_frame(rec)
     tl = tl[tl.phase == str(phase)].reset_index(drop=True)
     if tl.empty: raise ValueError(f'no {phase} batches were recorded: nothing to plot')
-    from matplotlib.ticker import MaxNLocator
+    return tl
+
+def _hatch_marked(ax, tl):
+    "Warmup and traced batches of timeline rows `tl` hatched over their own bars, which show through"
     from matplotlib.patches import Rectangle
-    fig, ax = new_axes(ax, (10, 4))
-    n, edges, bottom = len(tl), np.arange(len(tl)+1), np.zeros(len(tl))
-    for s, v in segment_times({c: tl[c].to_numpy() for c in tl.columns}, phase).items():
-        if s in HATCHES: continue  # warmup and traced batches are drawn with their steps and hatched below
-        ax.stairs(v + bottom, edges, baseline=bottom.copy(), fill=True, color=SEGMENT_COLORS[s], label=s, gid=s)
-        bottom = bottom + v
-    steady, total = ~(tl.warmup | tl.trace).to_numpy(), tl.total.to_numpy()
+    total = tl.total.to_numpy()
     for kind, label in ((Step.WARMUP, str(Step.WARMUP)), (Step.TRACE, 'trace window')):
-        for k, i in enumerate(np.flatnonzero(tl[kind].to_numpy())):  # over the batch's own bar, which shows through
+        for k, i in enumerate(np.flatnonzero(tl[kind].to_numpy())):
             ax.add_patch(Rectangle((i, 0), 1, total[i], facecolor='none', hatch=HATCHES[kind]*2, edgecolor=(0, 0, 0, 0.4), linewidth=0,
                                    label=label if k == 0 else None, gid=str(kind)))
+
+def _clip_outliers(ax, tl) -> float:
+    "The top of the y axis: 1.3 times the tallest steady batch where others stand higher, each of those annotated with its time"
+    steady, total = ~(tl.warmup | tl.trace).to_numpy(), tl.total.to_numpy()
     top = total.max()
     if steady.any() and top > 1.3*total[steady].max():
         top = 1.3*total[steady].max()
         for i in np.flatnonzero(total > top):
             ax.annotate(f'↑ {format_duration(total[i])}', (i+0.5, top), xytext=(0, -2), textcoords='offset points',
                         ha='center', va='top', fontsize=7, rotation=90)
-    ax.set_ylim(0, top*1.02)
+    return top
+
+def plot_timeline(rec:TimingRecorder, # The recorder of a profiled fit: `learn.profile_result.recorder`
+                  ax=None, # A matplotlib axes to draw on; a new figure when None
+                  fname:str|Path|None=None, # Save the figure to this file (PNG unless its suffix says otherwise)
+                  phase:str=Phase.TRAIN, # Which loop's batches to draw: 'train' or 'valid'
+                 ):
+    "Per-batch step times of `phase` over the run recorded by `rec`, stacked by step (`between steps`: callbacks and loop code between a batch's steps), warmup and traced batches hatched; saved to `fname`"
+    tl = _timeline_rows(rec, phase)
+    from matplotlib.ticker import MaxNLocator
+    fig, ax = new_axes(ax, (10, 4))
+    n, edges, bottom = len(tl), np.arange(len(tl)+1), np.zeros(len(tl))
+    for s, v in segment_times({c: tl[c].to_numpy() for c in tl.columns}, phase).items():
+        if s in HATCHES: continue  # warmup and traced batches are drawn with their steps and hatched below
+        ax.stairs(v + bottom, edges, baseline=bottom.copy(), fill=True, color=SEGMENT_COLORS[s], label=s, gid=s)
+        bottom = bottom + v
+    _hatch_marked(ax, tl)
+    ax.set_ylim(0, _clip_outliers(ax, tl)*1.02)
     for i in np.flatnonzero(np.diff(tl.epoch.to_numpy())) + 1:
         ax.axvline(i, color='black', linestyle='--', linewidth=0.8, gid='epoch')
     ax.set_xlim(0, n)

@@ -27,20 +27,26 @@ from .gains import what_if
 DATA_BOUND_SHARE = 0.3  # draw's share of the train loop's steady time that makes a run data-bound
 DATA_BOUND_CRITICAL = 0.6  # ... critical from this share
 DATA_BOUND_MIN_DRAW = 1e-3  # s: a shorter mean draw is not worth worker processes
+
 STARTUP_RATIO = 5  # an epoch's start-up this many times the median draw is a start-up cost
 STARTUP_MIN_SHARE = 0.05  # ... when the start-ups after the first epoch cost this share of the fit
+
 OPT_STEP_RATIO = 0.5  # opt_step at least this fraction of forward + backward
 OPT_STEP_MIN_SHARE = 0.1  # ... and at least this share of the train step
 OPT_STEP_MIN = 5e-4  # s: ... and at least this long per step
-OPT_HOST_SHARE = 0.5  # ... and its host overhead (the same step on one-element tensors) at least this share of it; else it is arithmetic
+OPT_HOST_SHARE = 0.5  # ... and its host overhead at least this share of it (else the step is its arithmetic)
+
 OTHER_SHARE = 0.25  # median `other` at least this share of the median train step
 OTHER_MIN = 1e-3  # s: ... and at least this long
+
 UNSTABLE_RATIO = 3  # p99 step this many times the median; batches slower than this multiple are stragglers
 UNSTABLE_MIN_SHARE = 0.05  # ... when the stragglers' excess is this share of the steps' time
 UNSTABLE_MIN_BATCHES = 20  # steady batches needed for a p99
+
 TRANSFER_SHARE = 0.3  # transfer's share of the draw that makes the copy to the device worth speeding up
 TRANSFER_MIN_SHARE = 0.1  # ... when it is also this share of the train loop's steady time
 TRANSFER_MIN = 5e-4  # s: ... and at least this long per batch
+
 TFMS_SHARE = 0.15  # the batch transforms' share of the train loop's steady time that makes them heavy
 TFMS_MIN = 1e-3  # s: ... when they take at least this long per batch
 

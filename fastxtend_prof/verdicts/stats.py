@@ -24,7 +24,7 @@ CHANGE_COLS = (CHANGE, CI_LOW, CI_HIGH, P_VALUE)
 CONFIDENCE = 0.95  # of every interval, unless asked otherwise
 MIN_BLOCKS = 10  # blocks a run is split into at least: a run of fewer than `BLOCK`×10 batches gets smaller ones
 MIN_AR_BLOCKS, MAX_AR = 4, 0.9  # blocks needed to read their correlation; the most it is taken to be
-MIN_DF = 2  # the fewest degrees of freedom the correlation leaves a run's error (where it has that many blocks less one)
+MIN_DF = 2  # the fewest degrees of freedom the correlation leaves a run's error
 
 # %% ../../nbs/42_stats.ipynb #5d9344af
 @dataclass(frozen=True)
@@ -155,7 +155,8 @@ def compare_runs(base, # The baseline's runs: a sequence of `Estimate`s, one a r
                  confidence:float=CONFIDENCE, # Of the interval
                  floor:float=0., # The least standard deviation of a run's log mean about its side's level: a noise record's `spread`
                 ) -> dict:
-    "How the level of the runs `new` differs from that of the runs `base` (each a sequence of `Estimate`s), the runs the unit of evidence: `compare`'s keys, `between` (the between-run standard deviation on the log scale), `spread` (one run's: that and its own error) and `base`/`new` (each side's level); with one run a side, `compare` of the two and `between` NaN"
+    ("How the level of the runs `new` differs from that of the runs `base` (each a sequence of `Estimate`s), the "
+     "runs the unit of evidence: `compare`'s keys, with `between`, `spread`, `base` and `new`")
     base, new = list(base), list(new)
     if not (base and new): raise ValueError(f'each side needs a run or more; got {len(base)} and {len(new)}')
     if len(base) + len(new) == 2:
@@ -263,7 +264,8 @@ def paired(base, # The mean seconds a batch of each block of one configuration, 
            confidence:float=CONFIDENCE, # Of the interval
            level:float|None=None, # The level the test is read at: with too few pairs for the signed-rank test to reach it (2^-pairs), Student's t
           ) -> Paired:
-    "How `new` differs from `base`, each pair of blocks (one of each, back to back, in an order drawn at random) the unit of evidence: Wilcoxon's signed-rank test on the pairs' log differences, the Hodges-Lehmann change (the median of their Walsh averages) and its interval; Student's t on the differences where the pairs are too few for the signed-rank test to reach `level`"
+    ("How `new` differs from `base`, each pair of blocks (one of each, back to back, in an order drawn at random) the "
+     "unit of evidence: Wilcoxon's signed-rank test and the Hodges-Lehmann change, or Student's t with too few pairs")
     b, n = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
     if b.shape != n.shape or b.ndim != 1: raise ValueError(f'`base` and `new` are blocks a pair apart: got {b.shape} and {n.shape}')
     if not (len(b) and (b > 0).all() and (n > 0).all()): raise ValueError('each block needs a mean above 0 s')
@@ -338,15 +340,17 @@ def _signed_rank_found(s:np.ndarray, level:float) -> float:
     z = (w - n*(n + 1)/4)/math.sqrt(n*(n + 1)*(2*n + 1)/24)
     return float(np.mean(z > sps.norm.isf(level)))
 
-def pairs_needed_from(d, # The log differences of the pairs at hand (a pilot's, or a comparison's own)
-                      change:float, # The change to find, in percent (its size: slower or faster alike)
-                      level:float, # The one-sided test's level (a two-sided comparison at `alpha`: `alpha`/2)
+def pairs_needed_from(d, # The pairs' log differences (a pilot's or a comparison's)
+                      change:float, # The change to find, percent (either way)
+                      level:float, # The one-sided level (`alpha`/2 for a two-sided test)
                       want:float=0.8, # How often it must find it
                       most:int=1000, # Looked for up to this many pairs
                       draws:int=1000, # Sets of pairs drawn at each size tried
-                      seed:int=0, # Of the draws: the same pairs give the same answer
+                      seed:int=0, # Of the draws: same pairs, same answer
                      ) -> int|None:
-    "The fewest pairs with which the signed-rank test at `level` finds `change` percent `want` of the time, the pairs drawn (with replacement) from `d` moved to centre on the change: the pairs' own tails set the power at a few dozen pairs, which `pairs_needed` on `rank_spread` (an asymptotic size) misses; None with fewer than 3 pairs, or past `most`"
+    ("The fewest pairs with which the signed-rank test at `level` finds `change` percent `want` of the time, the "
+     "pairs drawn (with replacement) from `d` moved to centre on the change; None with fewer than 3 pairs, or past "
+     "`most`")
     x = np.asarray(d, dtype=float)
     if len(x) < 3 or not 0 < change < 100 or not np.isfinite(x).all(): return None
     x = x - float(np.median(walsh_averages(x))) + math.log1p(change/100)  # their centre (Hodges-Lehmann) on the change
@@ -397,12 +401,9 @@ def _split_z(x, v, w, splits, cap:bool) -> tuple:
     return z, shift, se
 
 def scan(x, v, min_side:int=2) -> tuple:
-    """`(z, shift, se, splits)`: the shift of the weighted mean of `x` (log means; runs on the last axis, `v` their
-    variances) at every split leaving `min_side` runs a side, its standard error and z, the larger of two readings: the
-    runs weighed by their own variance plus the between-run variance of all of them (`between`), the error scaled by
-    their spread about the split's two means, as Student's t; and weighed with the between-run variance of `steady`,
-    which levels apart do not inflate, the error scaled by that spread only where it is the smaller (a level that drops
-    for a while and comes back). Cumulative sums: linear in the runs"""
+    ("`(z, shift, se, splits)`: the shift of the weighted mean of `x` (log means; runs on the last axis, `v` their "
+     "variances) at every split leaving `min_side` runs a side, its standard error and z: the larger of two readings, "
+     "by `between` and by `steady`")
     n = x.shape[-1]
     splits = np.arange(min_side, n - min_side + 1)
     a = _split_z(x, v, 1/(v + between(x, v)[..., None]), splits, cap=False)
@@ -412,13 +413,13 @@ def scan(x, v, min_side:int=2) -> tuple:
 
 def halves(n:int, least:int=5) -> list:
     ("The stretches `(start, end)` of `n` runs a change-point test reads: all of them, then their first half, middle "
-     "half and last half where those hold `least` runs or more (the first level of seeded binary segmentation, Kovács "
-     "et al. 2023): a level that moves for a while and comes back is whole inside one of them")
+     "half and last half where those hold `least` runs or more")
     h, q = n//2, n//4
     return [(0, n)] + [(a, b) for a, b in ((0, h), (q, q + h), (h, n)) if b - a >= least]
 
 def null_max(x, v, draws:int, seed:int=0, min_side:int=2, budget:int=2**22, stretches=None) -> np.ndarray:
-    "draws × steps: each step's largest |z| (`scan`, over each of `stretches` of the runs: all of them where None) in series drawn with no change (each run's log mean normal about a common mean, with its own variance plus the between-run variance of `steady`), in chunks of `budget` values, in single precision (three times faster; a p-value needs no more); the same draws for the same runs"
+    ("draws × steps: each step's largest |z| (`scan`, over each of `stretches` of the runs: all of them where None) "
+     "in series drawn with no change; the same draws for the same runs")
     rng, sd, v32 = np.random.default_rng(seed), np.sqrt(v + steady(x, v)[..., None]).astype(np.float32), np.asarray(v, np.float32)
     per = max(1, budget//max(1, x.size))
     stretches = stretches or [(0, x.shape[-1])]
