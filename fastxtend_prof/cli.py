@@ -168,6 +168,9 @@ def _add_tune(sub):
     t.add_argument('--allow', choices=ASKED, action='append', default=[],
                    help='also try a fix that changes the numerics or the training (repeatable)')
     t.add_argument('--plot', metavar='PATH', help='save the chart of the trials to this PNG file')
+    from fastxtend_prof.core.recorder import SYNC_MODES  # numpy: here, so that `run` starts the script first
+    t.add_argument('--sync', choices=SYNC_MODES, default='auto',
+                   help="how the trials time steps on an accelerator, as the demo's --sync (default: auto)")
     t.set_defaults(func=tune_command)
 
 def _add_noise(sub):
@@ -517,7 +520,7 @@ def tune_command(a) -> int:
     except ValueError as e: return _error('tune', e)
     from fastxtend_prof.digits import digits_learner  # torch and fastai, `learn.speed_find` with them
     learn = digits_learner(a.bs, a.num_workers, a.slow_data, a.device)
-    res = learn.speed_find(max_time=a.max_time, batches=a.batches, warmup=a.warmup, allow=tuple(a.allow))
+    res = learn.speed_find(max_time=a.max_time, batches=a.batches, warmup=a.warmup, allow=tuple(a.allow), sync=a.sync)
     print(res.apply_text(applied=False))
     if plot:
         res.plot(fname=plot)
@@ -568,10 +571,7 @@ def main(argv=None):
         from fastxtend_prof import autorun
         return autorun.main(argv[1:])  # the script's Python as `python` would have it: no filter of ours
     with warnings.catch_warnings():
-        # fastai compiles a few layers with `torch.jit.script` as it is imported, which torch 2.14 deprecates with a
-        # FutureWarning: nothing a user of these commands can act on, and it would break the promise that a bad option
-        # costs one line of stderr. Filtered while a command runs, not for the process: importing this module changes
-        # nothing
+        # torch's deprecation of the `torch.jit.script` fastai runs on import: nothing a user can act on (see above)
         warnings.filterwarnings('ignore', message=r'`torch\.jit\.script` is deprecated', category=FutureWarning)
         try: return _command(argv)
         except BrokenPipeError:  # (`guide | head`): no traceback for a reader that had enough

@@ -130,7 +130,8 @@ def test_help_says_what_no_progress_prints(tmp_path):
 
 def test_tune_bad_options_are_one_line_before_training(tmp_path):
     bad = [['tune', '--max-time', '0'], ['tune', '--batches', '1'], ['tune', '--allow', 'bf16'], ['tune', '--no-such-option'],
-           ['tune', '--slow-data', '-1'], ['tune', '--plot', str(tmp_path/'f'/'x.png')]]
+           ['tune', '--slow-data', '-1'], ['tune', '--plot', str(tmp_path/'f'/'x.png')],
+           ['tune', '--sync', 'gpu']]  # the trials time steps as the demo does: its choices
     (tmp_path/'f').write_text('')  # a file where the chart's folder would be
     for args in bad:
         p = run(*args, cwd=tmp_path)

@@ -154,49 +154,55 @@ def _collapses(X:np.ndarray, labels:list, tol:float):
             start = k
         elif known or S[k] <= tol: start = k  # the ranks are together here: a lateness after it starts here
 
-def arrival_table(ranks:dict, tol:float=ARRIVAL_TOL) -> pd.DataFrame|None:
-    "Rank 0's analysis of `ranks` (`{rank: rank_arrivals(...)}`): one row per rank, `attrs` holding the details; None with fewer than 2 ranks"
-    ranks = {int(r): a for r, a in ranks.items() if a is not None}
-    if len(ranks) < 2: return None
-    order = sorted(ranks)
+def _common_batches(ranks:dict, order:list) -> tuple:
+    "The batches all ranks saw, their points there (ranks x batches x (POINTS + next draw)), rank 0's run, warm flags"
     common = set.intersection(*(set(ranks[r]['index'].tolist()) for r in order))
     idx = np.array(sorted(common), dtype=np.int64)
     pick = {r: np.searchsorted(ranks[r]['index'], idx) for r in order}
     P = np.stack([ranks[r]['points'][pick[r]] for r in order])  # ranks x batches x (POINTS + next draw)
     run, warm = ranks[order[0]]['run'][pick[order[0]]], ranks[order[0]]['warm'][pick[order[0]]]
-    acc = max((ranks[r]['accuracy'] for r in order if not math.isnan(ranks[r]['accuracy'])), default=math.nan)
-    tol = max(tol, 3*acc) if not math.isnan(acc) else tol
-    labels_row = [s for _, s in POINTS]
+    return idx, P, run, warm
+
+def _run_points(P:np.ndarray, rows:np.ndarray) -> tuple:
+    "The points of the run of batches `rows` every rank marked (ranks x points), each one's batch, the step it ends"
+    R, labels_row = len(P), [s for _, s in POINTS]
     hand = [s for s, _ in POINTS].index(ARRIVE)  # the column of the last bucket's hand-over
-    R, n = len(order), len(idx)
+    # the run's points in order, then its last `other`'s end
+    X = np.concatenate([P[:, rows, :len(POINTS)].reshape(R, -1), P[:, rows[-1:], len(POINTS)]], axis=1)
+    batch = np.concatenate([np.repeat(rows, len(POINTS)), rows[-1:]])
+    labels = labels_row*len(rows) + [Step.OTHER]
+    # batches without a hand-over on every rank: no all-reduce seen, so no `comm_wait`: the point ends `backward`,
+    # a sync only if the spreads say so
+    for j in np.flatnonzero(np.isnan(X[:, hand::len(POINTS)]).any(0)): labels[j*len(POINTS) + hand + 1] = Step.BACKWARD
+    ok = ~np.isnan(X).any(0)  # points every rank marked (a cancelled step has none; no hook, no hand-over)
+    return X[:, ok], batch[ok], [l for l, o in zip(labels, ok) if o]
+
+def _collapse_sums(P:np.ndarray, run:np.ndarray, warm:np.ndarray, tol:float) -> tuple:
+    "`late` and `waited` (ranks x batches), the spreads after each sync, and per rank its excess and its waits by step"
+    R, n = P.shape[:2]
     late, waited, exits = np.zeros((R, n)), np.zeros((R, n)), []
     excess = {r: {} for r in range(R)}
     wait_in = {r: {} for r in range(R)}
     for ru in np.unique(run):
-        rows = np.flatnonzero(run == ru)
-        X = np.concatenate([P[:, rows, :len(POINTS)].reshape(R, -1), P[:, rows[-1:], len(POINTS)]], axis=1)  # the run's points in order, then its last `other`'s end
-        batch = np.concatenate([np.repeat(rows, len(POINTS)), rows[-1:]])
-        labels = labels_row*len(rows) + [Step.OTHER]
-        for j in np.flatnonzero(np.isnan(X[:, hand::len(POINTS)]).any(0)):  # batches without a hand-over on every rank: no all-reduce seen,
-            labels[j*len(POINTS) + hand + 1] = Step.BACKWARD                # so no `comm_wait`: the point ends `backward`, a sync only if the spreads say so
-        ok = ~np.isnan(X).any(0)  # points every rank marked (a cancelled step has none; no hook, no hand-over)
-        X, batch, labels = X[:, ok], batch[ok], [l for l, o in zip(labels, ok) if o]
+        X, batch, labels = _run_points(P, np.flatnonzero(run == ru))
         for a, last, lateness, wait, where, by, after in _collapses(X, labels, tol):
             b = batch[a]
             if warm[b]: continue
             exits.append(after)
-            late[last, b] += lateness  # what it added since the ranks were last together: a lag it brought out of a sync is not its own
+            # what it added since the ranks were last together: a lag it brought out of a sync is not its own
+            late[last, b] += lateness
             waited[:, b] += wait
             for s, e in by.items(): excess[last][s] = excess[last].get(s, 0.) + e
             for r in range(R):
                 if r != last: wait_in[r][where] = wait_in[r].get(where, 0.) + float(wait[r])
-    steady = ~warm
-    ns = max(int(steady.sum()), 1)
+    return late, waited, exits, excess, wait_in
+
+def _rank_rows(ranks:dict, order:list, late, waited, excess:dict, wait_in:dict, steady:np.ndarray, tol:float) -> list:
+    "The table's rows, one per rank: how often it came last, its lateness and its step, its wait and where"
+    R, ns = len(order), max(int(steady.sum()), 1)
     worst = late[:, steady].argmax(0)
     latest = late[:, steady].max(0) > tol
     share = np.bincount(worst[latest], minlength=R)/max(int(latest.sum()), 1)
-    it = P[:, :, -1] - P[:, :, 0]  # each batch's iteration: from its draw to the next draw
-    iteration = float(np.nanmedian(it[:, steady])) if steady.any() else math.nan
     top = lambda d: max(d, key=d.get) if d else ''
     rows = []
     for i, r in enumerate(order):
@@ -204,12 +210,28 @@ def arrival_table(ranks:dict, tol:float=ARRIVAL_TOL) -> pd.DataFrame|None:
         rows.append({'Rank': r, 'Last Share': float(share[i]), 'Late': float(late[i, steady].sum()/ns), 'Late Step': str(s),
                      'Late Step Excess': excess[i].get(s, math.nan)/ns, 'Waited': float(waited[i, steady].sum()/ns),
                      'Waited In': str(w), 'Hooked': bool(ranks[r]['hooked'])})
-    out = pd.DataFrame(rows)
-    out.attrs.update(batches=n, steady=int(steady.sum()), iteration_s=iteration, accuracy=acc, tol=tol,
+    return rows
+
+def arrival_table(ranks:dict, tol:float=ARRIVAL_TOL) -> pd.DataFrame|None:
+    "Rank 0's analysis of `ranks` (`{rank: rank_arrivals(...)}`): one row per rank, `attrs` holding the details; None with fewer than 2 ranks"
+    ranks = {int(r): a for r, a in ranks.items() if a is not None}
+    if len(ranks) < 2: return None
+    order = sorted(ranks)
+    idx, P, run, warm = _common_batches(ranks, order)
+    acc = max((ranks[r]['accuracy'] for r in order if not math.isnan(ranks[r]['accuracy'])), default=math.nan)
+    tol = max(tol, 3*acc) if not math.isnan(acc) else tol
+    late, waited, exits, excess, wait_in = _collapse_sums(P, run, warm, tol)
+    steady = ~warm
+    ns = max(int(steady.sum()), 1)
+    it = P[:, :, -1] - P[:, :, 0]  # each batch's iteration: from its draw to the next draw
+    iteration = float(np.nanmedian(it[:, steady])) if steady.any() else math.nan
+    out = pd.DataFrame(_rank_rows(ranks, order, late, waited, excess, wait_in, steady, tol))
+    out.attrs.update(batches=len(idx), steady=int(steady.sum()), iteration_s=iteration, accuracy=acc, tol=tol,
                      offsets={r: ranks[r]['offset'] for r in order}, exit_spread=float(np.mean(exits)) if exits else 0.,
                      excess={r: {str(k): v/ns for k, v in excess[i].items()} for i, r in enumerate(order)},
                      waited_in={r: {str(k): v/ns for k, v in wait_in[i].items()} for i, r in enumerate(order)},
-                     notes=sorted({ranks[r]['note'] for r in order if ranks[r]['note']}), data_parallel=_all_or_none([ranks[r].get('ddp') for r in order]))
+                     notes=sorted({ranks[r]['note'] for r in order if ranks[r]['note']}),
+                     data_parallel=_all_or_none([ranks[r].get('ddp') for r in order]))
     return out
 
 def _all_or_none(flags:list) -> bool|None:

@@ -161,12 +161,8 @@ def _all_modules(roots) -> list:
             if id(m) not in seen: seen.add(id(m)); out.append(m)
     return out
 
-def _fake_copy(model, loss_func, keep, fake):
-    "`(model, loss_func)` copied together: fake parameters and buffers, no hooks, compiled parts replaced by their eager code"
-    memo = {id(k): k for k in keep if not isinstance(k, (nn.Module, torch.Tensor))}  # a kept module would be the real one
-    kept = set(memo)
-    loss_mods = _reachable_modules(loss_func, kept | {id(model)})
-    mods = _all_modules([model, *loss_mods])
+def _fake_memo(mods, memo, fake) -> list:
+    "Fill `memo` to copy `mods` as fakes, hook-free, unwrapped; returns those with a compiled `forward` of their own"
     forwards = []  # modules whose instance-level `forward` is a compiled function
     for m in mods:
         for k in HOOK_DICTS:
@@ -180,13 +176,15 @@ def _fake_copy(model, loss_func, keep, fake):
                 memo[id(p)] = nn.Parameter(fake.from_tensor(p), requires_grad=p.requires_grad)
         for b in m._buffers.values():
             if b is not None and id(b) not in memo: memo[id(b)] = fake.from_tensor(b)
-        for v in m.__dict__.values():  # tensors kept as plain attributes: not copied (the function mode never lets them be written)
+        for v in m.__dict__.values():  # plain tensor attributes: not copied (the function mode lets none be written)
             if isinstance(v, torch.Tensor) and id(v) not in memo: memo[id(v)] = v
     for m in reversed(mods):  # innermost first: a wrapper's copy is the copy of what it wraps
         inner = _wrapped(m)
         if inner is not None: memo[id(m)] = copy.deepcopy(inner, memo)
-    try: mc, lc = copy.deepcopy((model, loss_func), memo)
-    except Exception as e: raise SideCountError(f'the model and loss could not be copied: {e!r}') from e
+    return forwards
+
+def _eager_forwards(forwards, memo):
+    "Give the copy (in `memo`) of each module of `forwards` the eager code of its compiled `forward`"
     for m in forwards:  # `m.forward = torch.compile(m.forward)`: the copy runs the eager forward
         cm = memo.get(id(m))
         if cm is None or 'forward' not in cm.__dict__: continue
@@ -194,17 +192,33 @@ def _fake_copy(model, loss_func, keep, fake):
         if isinstance(f, types.MethodType) and f.__self__ is m:  # the usual case: `m.forward`, or another method of `m`
             if f.__func__ is getattr(type(m), 'forward', None): del cm.__dict__['forward']
             else: cm.__dict__['forward'] = types.MethodType(f.__func__, cm)
-        else: cm.__dict__['forward'] = copy.deepcopy(f, memo)  # a function (kept as it is) or a method of another object (copied)
-    copies = _all_modules([mc, *_reachable_modules(lc, kept | {id(mc)})]) if isinstance(mc, nn.Module) else []
+        else: cm.__dict__['forward'] = copy.deepcopy(f, memo)  # a function (kept) or another object's method (copied)
+
+def _make_safe(copies, fake):
+    "Strip `copies` of hooks and compiled calls, fake their real parameters and buffers; raise on a wrapper left"
     for m in copies:  # reached by a path the walk above missed: make it safe all the same
         if _wrapped(m) is not None: raise SideCountError(f'the copy still holds a {type(m).__name__} wrapper')
         for k in HOOK_DICTS:
             if m.__dict__.get(k): m.__dict__[k] = type(m.__dict__[k])()
         if m.__dict__.get('_compiled_call_impl') is not None: m.__dict__['_compiled_call_impl'] = None
         for k, p in m._parameters.items():
-            if p is not None and not _is_fake(p): m._parameters[k] = nn.Parameter(fake.from_tensor(p), requires_grad=p.requires_grad)
+            if p is not None and not _is_fake(p):
+                m._parameters[k] = nn.Parameter(fake.from_tensor(p), requires_grad=p.requires_grad)
         for k, b in m._buffers.items():
             if b is not None and not _is_fake(b): m._buffers[k] = fake.from_tensor(b)
+
+def _fake_copy(model, loss_func, keep, fake):
+    "`(model, loss_func)` copied together: fake parameters and buffers, no hooks, compiled parts replaced by their eager code"
+    memo = {id(k): k for k in keep if not isinstance(k, (nn.Module, torch.Tensor))}  # a kept module would be the real one
+    kept = set(memo)
+    loss_mods = _reachable_modules(loss_func, kept | {id(model)})
+    mods = _all_modules([model, *loss_mods])
+    forwards = _fake_memo(mods, memo, fake)
+    try: mc, lc = copy.deepcopy((model, loss_func), memo)
+    except Exception as e: raise SideCountError(f'the model and loss could not be copied: {e!r}') from e
+    _eager_forwards(forwards, memo)
+    copies = _all_modules([mc, *_reachable_modules(lc, kept | {id(mc)})]) if isinstance(mc, nn.Module) else []
+    _make_safe(copies, fake)
     return mc, lc
 
 @contextlib.contextmanager

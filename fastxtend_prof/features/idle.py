@@ -170,59 +170,84 @@ def _split_at_syncs(rows, leaf, start, length, back, syncs):
     R.append(rows[last:]); L.append(leaf[last:]); S.append(start[last:]); N.append(length[last:]); Bk.append(back[last:]); Y.append(np.full(n - last, -1))
     return tuple(np.concatenate(x) for x in (R, L, S, N, Bk, Y))
 
-def idle_profile(rec:EventRecorder, syncs=(), device:str='', watched:bool=True) -> IdleProfile|None:
-    "Per steady train batch, how long the device had no work while the host ran each step, and what each synchronisation in `syncs` (`[(host time, where)]`) cost; None without device rows"
-    host, dev = rec.tables[Phase.TRAIN], rec.device[Phase.TRAIN]
-    n = min(host.n, dev.n)
-    if n <= 0 or host.offset or dev.offset: return None  # rows folded into summaries (`keep_raw=False`): no batch to read
-    Hm, Dm = host.view()[:n], dev.view()[:n]
+def _backlog_intervals(Hm:np.ndarray, Dm:np.ndarray, runs:list) -> tuple:
+    "The host's stretches between marks and the device's backlog at each: `_intervals`' rows, leaf, start, length, back"
     H, D = Hm[:, ORDER], Dm[:, ORDER]
-    runs = [(f, min(e, n)) for f, e, _, _ in host.run_rows()]
     with warnings.catch_warnings():
         warnings.simplefilter('ignore', RuntimeWarning)  # a row without marks (a loop's empty last draw)
-        B = np.clip((D - H) - _anchor(np.nanmin(D - H, axis=1), runs)[:, None], 0, None)  # each mark's backlog: how far the device ran behind the host
-    rows, leaf, start, length, back = _intervals(H, B, ~np.isnan(Hm[:, AFTER_TFMS]))
-    ts = sorted(syncs)
-    rows, leaf, start, length, back, sync = _split_at_syncs(rows, leaf, start, length, back, [t for t, _ in ts])
-    # at most: the device reached the stretch `back` after it began and got nothing more before its end; before a sync the
-    # host waited on a busy device
+        # each mark's backlog: how far the device ran behind the host
+        B = np.clip((D - H) - _anchor(np.nanmin(D - H, axis=1), runs)[:, None], 0, None)
+    return _intervals(H, B, ~np.isnan(Hm[:, AFTER_TFMS]))
+
+def _sync_gains(rows, length, back, sync, ts:list, n:int) -> tuple:
+    "Each stretch's idle time and the part the syncs `ts` cost, with each sync site's cost and calls per batch"
+    # at most: the device reached the stretch `back` after it began and got nothing more before its end;
+    # before a sync the host waited on a busy device
     before = np.r_[sync[1:] >= 0, False] & (rows == np.r_[rows[1:], -1]) if len(sync) else sync >= 0
     idle = np.where(before, 0., np.clip(length - back, 0, None))
     gain = np.zeros(len(idle))
     per_site, site_calls = {}, {}
-    for p in np.flatnonzero(sync >= 0):  # what the host did after the device drained could have run while it worked, up to the host's wait
+    # what the host did after the device drained could have run while it worked, up to the host's wait
+    for p in np.flatnonzero(sync >= 0):
         t, where = ts[sync[p]]
         wait = length[p - 1] if p > 0 and rows[p - 1] >= rows[p] - 1 else 0.
         left, q = wait, p
-        while left > 0 and q < len(idle) and (q == p or (sync[q] < 0 and back[q] <= CAUGHT_UP)) and rows[q] <= rows[p] + 1:
+        while (left > 0 and q < len(idle) and (q == p or (sync[q] < 0 and back[q] <= CAUGHT_UP))
+               and rows[q] <= rows[p] + 1):
             take = min(left, idle[q] - gain[q])
             gain[q] += take; left -= take
             per_site.setdefault(where, np.zeros(n))[rows[p]] += take
             q += 1
         site_calls.setdefault(where, np.zeros(n))[rows[p]] += 1
+    return idle, gain, per_site, site_calls
+
+def _steady_batches(rec:EventRecorder, runs:list, Hm:np.ndarray, Dm:np.ndarray, n:int) -> tuple:
+    "Each train batch's iteration (draw to next draw), and which are steady: past warm-up, untraced, timed in full"
     warm = np.zeros(n, dtype=bool)
     for f, e in runs: warm[f:min(f + rec.warmup, e)] = True
     iteration = Hm[:, NEXT_DRAW] - Hm[:, BEFORE_DRAW]
     steady = ~warm & ~traced_rows(Hm) & np.isfinite(iteration) & np.isfinite(Dm[:, NEXT_DRAW])
-    if not steady.any(): return None
-    by = lambda sel, w: np.bincount(rows[sel], weights=w[sel], minlength=n)
-    per_step = {_STEP(i): by(leaf == i, idle) for i in sorted(set(leaf.tolist()))}
-    left_idle = {c: np.zeros(n) for c in CAUSES if c != 'sync'}
-    for i in sorted(set(leaf.tolist())): left_idle[CAUSE_OF[_STEP(i)]] += by(leaf == i, idle - gain)
-    it_mean, it_se = _estimate(iteration, steady)
+    return iteration, steady
+
+def _cause_table(per_site:dict, site_calls:dict, left_idle:dict, iteration, steady, it_mean:float, it_se:float,
+                 n:int) -> pd.DataFrame:
+    "The causes of the idle time (`CAUSE_COLS`): each sync site, then what is left by cause; largest first"
     def cause(kind, where, per_batch, calls=None):
         m, _ = _estimate(per_batch, steady)
         _, se_rest = _estimate(iteration - per_batch, steady)
-        # the iteration without it, as another run would read it (both runs' noise), and each end of a stretch read to within an event's jitter
+        # the iteration without it, as another run would read it (both runs' noise), and each end of a stretch
+        # read to within an event's jitter
         half = 1.96*math.sqrt(np.nan_to_num(se_rest)**2 + np.nan_to_num(it_se)**2) + 2*EVENT_JITTER
         return dict(Cause=kind, Where=where, Idle=m, **{'Gain Low': m - half, 'Gain High': m + half}, Share=m/it_mean,
                     **{'Per Batch': float(np.mean(calls[steady])) if calls is not None else math.nan})
     causes = [cause('sync', w, per_site.get(w, np.zeros(n)), c) for w, c in site_calls.items()]
     causes += [cause(c, CAUSES[c], v) for c, v in left_idle.items()]
     cdf = pd.DataFrame(causes, columns=CAUSE_COLS)
-    cdf = cdf[(cdf.Idle > 0) | (cdf.Cause == 'sync')].sort_values('Idle', ascending=False, kind='stable').reset_index(drop=True)
-    sdf = pd.DataFrame([dict(Step=str(s), Idle=float(v[steady].mean()), Share=float(v[steady].mean())/it_mean) for s, v in per_step.items()],
-                       columns=['Step', 'Idle', 'Share'])
+    cdf = cdf[(cdf.Idle > 0) | (cdf.Cause == 'sync')]
+    return cdf.sort_values('Idle', ascending=False, kind='stable').reset_index(drop=True)
+
+def idle_profile(rec:EventRecorder, syncs=(), device:str='', watched:bool=True) -> IdleProfile|None:
+    "Per steady train batch, how long the device had no work while the host ran each step, and what each synchronisation in `syncs` (`[(host time, where)]`) cost; None without device rows"
+    host, dev = rec.tables[Phase.TRAIN], rec.device[Phase.TRAIN]
+    n = min(host.n, dev.n)
+    # rows folded into summaries (`keep_raw=False`): no batch to read
+    if n <= 0 or host.offset or dev.offset: return None
+    Hm, Dm = host.view()[:n], dev.view()[:n]
+    runs = [(f, min(e, n)) for f, e, _, _ in host.run_rows()]
+    rows, leaf, start, length, back = _backlog_intervals(Hm, Dm, runs)
+    ts = sorted(syncs)
+    rows, leaf, start, length, back, sync = _split_at_syncs(rows, leaf, start, length, back, [t for t, _ in ts])
+    idle, gain, per_site, site_calls = _sync_gains(rows, length, back, sync, ts, n)
+    iteration, steady = _steady_batches(rec, runs, Hm, Dm, n)
+    if not steady.any(): return None
+    by = lambda sel, w: np.bincount(rows[sel], weights=w[sel], minlength=n)
+    per_step = {_STEP(i): by(leaf == i, idle) for i in sorted(set(leaf.tolist()))}
+    left_idle = {c: np.zeros(n) for c in CAUSES if c != 'sync'}
+    for i in sorted(set(leaf.tolist())): left_idle[CAUSE_OF[_STEP(i)]] += by(leaf == i, idle - gain)
+    it_mean, it_se = _estimate(iteration, steady)
+    cdf = _cause_table(per_site, site_calls, left_idle, iteration, steady, it_mean, it_se, n)
+    sdf = pd.DataFrame([dict(Step=str(s), Idle=float(v[steady].mean()), Share=float(v[steady].mean())/it_mean)
+                        for s, v in per_step.items()], columns=['Step', 'Idle', 'Share'])
     total = sum(per_step.values())
     return IdleProfile(device, int(steady.sum()), it_mean, float(total[steady].mean()), sdf, cdf, len(ts), watched)
 

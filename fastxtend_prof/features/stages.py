@@ -128,6 +128,40 @@ def _pipeline_module(dl):
     return next((m for m in mods if hasattr(m, 'compose_tfms')), None)
 
 # %% ../../nbs/34_stages.ipynb #f420584d
+def _stage_pipes(dl) -> list:
+    "`[(kind, pipeline)]` of `dl`: its dataset's fields (`x` or `y`), then `after_item`, `before_batch`, `after_batch`"
+    ds = getattr(dl, 'dataset', None)
+    fields = list(getattr(ds, 'tls', None) or []) if not isinstance(ds, (list, tuple)) else []
+    n_inp = getattr(ds, 'n_inp', 1) or 1
+    pipes = [('x' if i < n_inp else 'y', tl.tfms) for i, tl in enumerate(fields)]
+    pipes += [('after_item', dl.after_item), ('before_batch', dl.before_batch), ('after_batch', dl.after_batch)]
+    return pipes
+
+def _time_stages(dl, pipes, clock, mod, compose0):
+    "Start fresh stage logs on `clock`, name the rows of `pipes`' transforms, time `dl`'s methods, `mod.compose_tfms`"
+    _State.clock, _State.work, _State.after, _State.pending[:] = clock, StageLog(), StageLog(), []
+    for kind, p in pipes:
+        if hasattr(p, 'fs'):  # each transform's row named once, here
+            _State.watched[id(p.fs)] = (kind, _State.after if kind == 'after_batch' else _State.work,
+                                        [(kind, tfm_name(f)) for f in p.fs])
+    dl.create_item = _timed_method(dl, 'create_item', 'fetch')
+    dl.do_item = _timed_method(dl, 'do_item', 'item', own=False)
+    dl.create_batch = _timed_method(dl, 'create_batch', 'collate')
+    dl.create_batches = _tagged_batches(dl, dl.create_batches)
+    if mod is not None: mod.compose_tfms = _timed_compose(compose0)
+
+def _unwrapping(make_iter, dl, sink, started):
+    "fastai's loader `make_iter` unwrapping `dl`'s batches: stage times to `sink`, a pass's first wait to `started`"
+    def batches(fake_l):
+        first, t0 = started is not None and fake_l is dl.fake_l, _State.clock()
+        for b in make_iter(fake_l):  # a pass: its iterator made here (the workers start), its first batch waited for
+            if first: started(_State.clock() - t0); first = False
+            if isinstance(b, Timed): sink(*b.stages); b = b.batch
+            elif fake_l is dl.fake_l:
+                while _State.pending: sink(None, _State.pending.pop(0))
+            yield b
+    return batches
+
 @contextlib.contextmanager
 def watch_stages(dl, # A fastai `DataLoader`
                  sink, # `sink(worker, stages)`: each batch's stage times
@@ -135,35 +169,14 @@ def watch_stages(dl, # A fastai `DataLoader`
                  started=None, # `started(seconds)` at each pass's first batch
                 ):
     "While `dl` is iterated inside, time its stages, in the workers too; yields `after()`: the main process's `after_batch` times since its last call"
-    if not isinstance(dl, _load.DataLoader): raise TypeError(f'`watch_stages` takes a fastai DataLoader, got {type(dl).__name__}')
-    ds = getattr(dl, 'dataset', None)
-    fields = list(getattr(ds, 'tls', None) or []) if not isinstance(ds, (list, tuple)) else []
-    n_inp = getattr(ds, 'n_inp', 1) or 1
-    pipes = [('x' if i < n_inp else 'y', tl.tfms) for i, tl in enumerate(fields)]
-    pipes += [('after_item', dl.after_item), ('before_batch', dl.before_batch), ('after_batch', dl.after_batch)]
+    if not isinstance(dl, _load.DataLoader):
+        raise TypeError(f'`watch_stages` takes a fastai DataLoader, got {type(dl).__name__}')
+    pipes = _stage_pipes(dl)
     mod, clock = _pipeline_module(dl), clock or CLOCK
     own = {n: dl.__dict__[n] for n in ('create_item', 'do_item', 'create_batch', 'create_batches') if n in dl.__dict__}
     saved = (_State.clock, dict(_State.watched), getattr(mod, 'compose_tfms', None), _load._loaders)
-    _State.clock, _State.work, _State.after, _State.pending[:] = clock, StageLog(), StageLog(), []
-    for kind, p in pipes:
-        if hasattr(p, 'fs'):  # each transform's row named once, here
-            _State.watched[id(p.fs)] = (kind, _State.after if kind == 'after_batch' else _State.work, [(kind, tfm_name(f)) for f in p.fs])
-    dl.create_item = _timed_method(dl, 'create_item', 'fetch')
-    dl.do_item = _timed_method(dl, 'do_item', 'item', own=False)
-    dl.create_batch = _timed_method(dl, 'create_batch', 'collate')
-    dl.create_batches = _tagged_batches(dl, dl.create_batches)
-    if mod is not None: mod.compose_tfms = _timed_compose(saved[2])
-    def unwrap(make_iter):
-        def batches(fake_l):
-            first, t0 = started is not None and fake_l is dl.fake_l, _State.clock()
-            for b in make_iter(fake_l):  # a pass of `dl`: its iterator made here (the workers started), its first batch waited for
-                if first: started(_State.clock() - t0); first = False
-                if isinstance(b, Timed): sink(*b.stages); b = b.batch
-                elif fake_l is dl.fake_l:
-                    while _State.pending: sink(None, _State.pending.pop(0))
-                yield b
-        return batches
-    _load._loaders = tuple(map(unwrap, saved[3]))
+    _time_stages(dl, pipes, clock, mod, saved[2])
+    _load._loaders = tuple(_unwrapping(f, dl, sink, started) for f in saved[3])
     try: yield _State.after.take
     finally:
         _State.clock, _load._loaders = saved[0], saved[3]
@@ -180,19 +193,8 @@ def torch_watchable(dl) -> str:
     if dl._dataset_kind != _tdl._DatasetKind.Map: return 'its dataset is iterable-style: the items come from its own iterator, which the profiler does not wrap'
     return ''
 
-@contextlib.contextmanager
-def watch_torch_stages(dl, # A `torch.utils.data.DataLoader` over a map-style dataset
-                       sink, # `sink(worker, stages)`: each batch's stage times (`worker` None in the main process)
-                       clock=None, # The clock (default `CLOCK`); the workers use their copy of it
-                       started=None, # `started(seconds)`: at each pass's first batch, how long since the loop asked for it
-                      ):
-    "While `dl` is iterated inside, time each batch's items from its dataset and their collation, in the workers too (unless they persist)"
-    why = torch_watchable(dl)
-    if why: raise TypeError(f'`watch_torch_stages` takes a PyTorch DataLoader over a map-style dataset: {why}')
-    clock, ds, tagged = clock or CLOCK, dl.dataset, dl.num_workers > 0 and not dl.persistent_workers
-    F, iters = _fetch._MapDatasetFetcher, (_tdl._SingleProcessDataLoaderIter, _tdl._MultiProcessingDataLoaderIter)
-    saved = (F.fetch, *(c.__init__ for c in iters), *(c._next_data for c in iters))
-    fetch0 = saved[0]
+def _torch_fetch(fetch0, ds, tagged, clock, sink):
+    "torch's `fetch0`, timing `ds`'s items and collation: to `sink` in the main process, else with the batch (`tagged`)"
     def fetch(self, index):
         info = get_worker_info()
         if self.dataset is not ds or (info is not None and not tagged): return fetch0(self, index)
@@ -210,21 +212,40 @@ def watch_torch_stages(dl, # A `torch.utils.data.DataLoader` over a map-style da
             st[('cpu', '')], st[('queued', '')] = np.array([r1 - r0]), np.array([q1 - q0])
         if info is None: sink(None, st); return b
         return Timed(b, (info.id, st))
-    def init(orig):
-        def __init__(self, loader, *args, **kwargs):
-            if loader is dl: self._fxp_asked = clock()  # a pass begins: the workers start here
-            orig(self, loader, *args, **kwargs)
-        return __init__
-    def next_data(orig):
-        def _next_data(self):
-            b = orig(self)
-            if isinstance(b, Timed): sink(*b.stages); b = b.batch
-            t0 = self.__dict__.pop('_fxp_asked', None)
-            if t0 is not None and started is not None: started(clock() - t0)
-            return b
-        return _next_data
-    F.fetch = fetch
-    for c, i, n in zip(iters, saved[1:3], saved[3:5]): c.__init__, c._next_data = init(i), next_data(n)
+    return fetch
+
+def _torch_init(orig, dl, clock):
+    "A loader iterator's `__init__` `orig`, noting on `clock` when a pass of `dl` begins"
+    def __init__(self, loader, *args, **kwargs):
+        if loader is dl: self._fxp_asked = clock()  # a pass begins: the workers start here
+        orig(self, loader, *args, **kwargs)
+    return __init__
+
+def _torch_next_data(orig, sink, clock, started):
+    "An iterator's `_next_data` `orig` unwrapping each batch: stage times to `sink`, a pass's first wait to `started`"
+    def _next_data(self):
+        b = orig(self)
+        if isinstance(b, Timed): sink(*b.stages); b = b.batch
+        t0 = self.__dict__.pop('_fxp_asked', None)
+        if t0 is not None and started is not None: started(clock() - t0)
+        return b
+    return _next_data
+
+@contextlib.contextmanager
+def watch_torch_stages(dl, # A `torch.utils.data.DataLoader` over a map-style dataset
+                       sink, # `sink(worker, stages)`: each batch's stage times (`worker` None in the main process)
+                       clock=None, # The clock (default `CLOCK`); the workers use their copy of it
+                       started=None, # `started(seconds)`: at each pass's first batch, how long since the loop asked for it
+                      ):
+    "While `dl` is iterated inside, time each batch's items from its dataset and their collation, in the workers too (unless they persist)"
+    why = torch_watchable(dl)
+    if why: raise TypeError(f'`watch_torch_stages` takes a PyTorch DataLoader over a map-style dataset: {why}')
+    clock, ds, tagged = clock or CLOCK, dl.dataset, dl.num_workers > 0 and not dl.persistent_workers
+    F, iters = _fetch._MapDatasetFetcher, (_tdl._SingleProcessDataLoaderIter, _tdl._MultiProcessingDataLoaderIter)
+    saved = (F.fetch, *(c.__init__ for c in iters), *(c._next_data for c in iters))
+    F.fetch = _torch_fetch(saved[0], ds, tagged, clock, sink)
+    for c, i, n in zip(iters, saved[1:3], saved[3:5]):
+        c.__init__, c._next_data = _torch_init(i, dl, clock), _torch_next_data(n, sink, clock, started)
     try: yield lambda: {}
     finally:
         F.fetch = saved[0]

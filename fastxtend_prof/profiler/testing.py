@@ -60,6 +60,25 @@ class FakeMemory:
     def name(self) -> str: return self.model
 
 # %% ../../nbs/29_testing.ipynb #0940a949
+def _fake_batch(rec:TimingRecorder, clk:ManualClock, d:dict, train:bool, k:int, bs:int, transfer:float|None,
+                transforms:float, step_every:int) -> int:
+    "The count of train batches after feeding `rec` one made-up batch of `bs` whose steps take the seconds in `d`"
+    rec.draw()
+    if transfer is None: clk.t += d[Step.DRAW]
+    else:  # the loader's marks inside the draw: wait, then transfer, then transforms
+        clk.t += d[Step.DRAW] - transfer - transforms; rec.draw_mark(AFTER_LOAD)
+        clk.t += transfer; rec.draw_mark(BEFORE_TFMS); clk.t += transforms; rec.draw_mark(AFTER_TFMS)
+    rec.start_batch()
+    clk.t += d[Step.FORWARD]; rec.mark(AFTER_PRED); clk.t += d[Step.LOSS]; rec.mark(AFTER_LOSS)
+    if train:
+        rec.mark(BEFORE_BACKWARD); clk.t += d[Step.BACKWARD]; rec.mark(BEFORE_STEP)
+        if (k + 1) % step_every == 0:
+            clk.t += d[Step.OPT_STEP]; rec.mark(AFTER_STEP); clk.t += d[Step.ZERO_GRAD]
+        else: rec.cancel()  # fastai's GradientAccumulation cancels the step of the batches between
+        k += 1
+    rec.mark(PRE_AFTER_BATCH); rec.end_batch(bs); clk.t += d[Step.OTHER]
+    return k
+
 def synthetic_run(
     draw:float=1e-3, # Seconds per draw
     forward:float=4e-3, # Seconds per forward
@@ -94,20 +113,7 @@ def synthetic_run(
             clk.t += startup
             for _ in range(n):
                 d = {**base, **slow.get(k, {})} if phase is Phase.TRAIN else base
-                rec.draw()
-                if transfer is None: clk.t += d[Step.DRAW]
-                else:  # the loader's marks inside the draw: wait, then transfer, then transforms
-                    clk.t += d[Step.DRAW] - transfer - transforms; rec.draw_mark(AFTER_LOAD)
-                    clk.t += transfer; rec.draw_mark(BEFORE_TFMS); clk.t += transforms; rec.draw_mark(AFTER_TFMS)
-                rec.start_batch()
-                clk.t += d[Step.FORWARD]; rec.mark(AFTER_PRED); clk.t += d[Step.LOSS]; rec.mark(AFTER_LOSS)
-                if phase is Phase.TRAIN:
-                    rec.mark(BEFORE_BACKWARD); clk.t += d[Step.BACKWARD]; rec.mark(BEFORE_STEP)
-                    if (k + 1) % step_every == 0:
-                        clk.t += d[Step.OPT_STEP]; rec.mark(AFTER_STEP); clk.t += d[Step.ZERO_GRAD]
-                    else: rec.cancel()  # fastai's GradientAccumulation cancels the step of the batches between
-                    k += 1
-                rec.mark(PRE_AFTER_BATCH); rec.end_batch(bs); clk.t += d[Step.OTHER]
+                k = _fake_batch(rec, clk, d, phase is Phase.TRAIN, k, bs, transfer, transforms, step_every)
             rec.draw(); rec.end_phase()  # the loop's last draw finds the loader empty
         rec.stop(Step.EPOCH)
     rec.stop(Step.FIT)

@@ -862,6 +862,12 @@ class _Handed(torch.utils.data.Dataset):
 
 def _as_is(b): return b  # a batch as the worker made it (fastai's workers collate nothing more)
 
+def _first_batch(learn):
+    "The first batch `probe_loader` makes of `learn`'s train loader, as a worker hands it over; None where it made none"
+    keep = []
+    probe_loader(learn, batches=1, keep=keep)
+    return keep[0] if keep else None
+
 def probe_handoff(learn, # A Learner whose train loader is a fastai `DataLoader`
                   batch=None, # Its batch as a worker hands it over (default: the first `probe_loader` makes)
                   batches:int=HANDOFF_BATCHES, # At most this many batches timed ...
@@ -870,11 +876,8 @@ def probe_handoff(learn, # A Learner whose train loader is a fastai `DataLoader`
     ("`(handoff, receive)`: seconds a batch of `learn`'s train loader costs a loader worker more than making it in the "
      "loop (handing it over), and seconds the loop takes one that a worker has ready; measured here, with one worker "
      "of torch's `DataLoader`; NaN where it could not be")
-    if batch is None:
-        keep = []
-        probe_loader(learn, batches=1, keep=keep)
-        if not keep: return math.nan, math.nan
-        batch = keep[0]
+    if batch is None: batch = _first_batch(learn)
+    if batch is None: return math.nan, math.nan
     ahead = int(min(max(HANDOFF_BYTES//max(nbytes(batch), 1), 2), batches))
     ds, local, handed, taken, loader = _Handed(batch, ahead), [], [], [], None
     end = time.perf_counter() + max_time
@@ -1325,35 +1328,142 @@ def _verdict(rows, fixes, times, overall:Paired|None=None) -> str:
             'Keep it with `result.apply(learn)` or `learn.speed_find(apply=True)`.')
 
 # %% ../../nbs/17_tune.ipynb #e50cbaf3
+from types import SimpleNamespace
+
+def _check_run(learn, warmup:int, save, record) -> tuple:
+    ("`(record, ranges)`: the record `speed_find` appends to (the argument, else `$FASTXTEND_PROF_SPEED_RECORD`) and "
+     "its ranges, once the files' folders, the moment and the loader are checked")
+    record = record if record is not None else os.environ.get(RECORD_ENV) or None
+    ranges = record_ranges(record)  # the user's own record's, where there is one
+    for name, path in (('save', save), ('record', record)):
+        if path is not None and not Path(path).parent.is_dir(): raise ValueError(f'`{name}`: the folder of {str(path)!r} does not exist')
+    if events.in_fit(learn): raise RuntimeError('`speed_find` was called inside a fit: call it between fits')
+    if data_parallel(): raise RuntimeError('`speed_find` tunes one process: run it before launching the '
+                                           'data-parallel job')
+    n = len(learn.dls.train)
+    if n <= warmup: raise ValueError(f'the train loader has {n} batches, not more than `warmup` ({warmup}): lower '
+                                     '`warmup`')
+    return record, ranges
+
+class _Search:
+    ("The books of one `speed_find`: the budget (batches used, the deadline), the best configuration so far, the fixes "
+     "tried, kept and undone, the rows and notes of the result")
+    def __init__(self, learn, o:dict, t0:float, say):
+        self.learn, self.o, self.t0, self.say = learn, SimpleNamespace(**o), t0, say
+        self.deadline, self.state, self.ctx0 = t0 + self.o.max_time, LearnerState(learn), tune_context(learn)
+        self.rows, self.fixes, self.notes, self.undos, self.kept, self.start = [], [], [], [], [], None
+        self.ranges = self.o.ranges
+        self.rng = pair_order()  # the order inside each pair: its own generator, not the user's
+
+    def begin(self) -> bool:
+        "The start's trial, its row and the budget's first entries; whether it measured enough to try fixes"
+        o, learn = self.o, self.learn
+        self.start = self.best = run_trial(learn, o.batches, o.warmup, self.deadline, o.sync)
+        m = _measured(self.start, trial_block(o.batches, self.start))
+        self.rows.append(_row(0, None, m, {}, False, 'the configuration as it was', time.monotonic() - self.t0))
+        self.say(f"speed_find: start: {format_duration(m['Mean'])} a batch on average, {m['Samples/s']:,.0f} samples/s "
+                 f"({m['Batches']} batches)")
+        self.overhead = max(0., self.rows[0]['Seconds'] - (o.warmup + m['Batches'])*m['Mean']) if m['Batches'] else 0.
+        self.used, self.bs0, self.done, self.tried = o.warmup + o.batches + 1, self.ctx0.bs or 1, set(), 0
+        self.pilot, self.per_block = max(2, math.ceil(o.batches/o.block)), o.warmup + o.block + 1
+        if m['Batches'] < 2: self.notes.append(f'the budget ({o.max_time:g} s) ran out during the first measurement: '
+                                               'raise `max_time`')
+        if (m['Batches'] >= 2 and self.ctx0.fastai_loader
+                and loader_wait(steady_times(self.start.results)) >= TARGET_SHARE):
+            _probe(learn, self.ctx0, self.deadline, allow=o.allow)
+        return m['Batches'] >= 2
+
+    def next_fix(self):
+        "`(fix, its start, the best mean)`: the plan's next fix the budget has room for; None (and why, in the notes)"
+        todo, why_not = plan(steady_times(self.best.results),
+                             replace(tune_context(self.learn), **{k: getattr(self.ctx0, k) for k in PROBED},
+                                     core_wait=_core_wait(self.best)),
+                             self.o.allow, self.done)
+        if not todo:
+            self.notes += why_not
+            return None
+        f, t1 = todo[0], time.monotonic()
+        best_mean = float(np.mean(_per_start_batch(self.best, self.bs0).distributions[_KEY]))
+        late = _out_of_budget(f, self.used, self.pilot*self.per_block, self.o.max_batches, 2*self.pilot*self.overhead,
+                              self.deadline, (self.pilot*self.per_block, best_mean))
+        if late:
+            self.notes.append(late)
+            return None
+        return f, t1, best_mean
+
+    def attempt(self, f, t1:float, best_mean:float) -> bool:
+        "Fix `f` in turns with the best so far, its row written and the fix kept or undone; whether to go on"
+        o = self.o
+        self.tried += 1
+        level = o.spend(o.alpha, self.tried)
+        lo, hi = prediction_range(f.kind, f.predicted, self.ranges)
+        span = f', {format_duration(lo)} to {format_duration(hi)}' if lo == lo else ''
+        self.say(f'speed_find: trying {f.name} ({f.why}; predicted {format_duration(f.predicted)} a batch{span}), '
+                 'in turns with the best so far')
+        out, err = _in_turns(self.learn, f, best_mean, self.bs0, level, o.min_change, o.power, o.keep, self.pilot,
+                             o.block, o.warmup, (t1 + (self.deadline - t1)/2, self.deadline), o.sync, self.rng,
+                             None if o.max_batches is None else o.max_batches - self.used)
+        if err is not None:
+            self.done.add(f.kind)
+            self.rows.append(_row(len(self.rows), f, _measured(), {}, False, f'failed: {_brief(err)}',
+                                  time.monotonic() - t1, best_mean, level=level, ranges=self.ranges))
+            self.say(f'speed_find: {f.name} failed ({_brief(err)}); the Learner will be put back')
+            del err; gc.collect()  # the last hold on the failed loader and its workers
+            return True
+        sw, turns, p, ok, note = out
+        if not turns.new:
+            sw.undo(); self.notes.append(f'{f.name}: the budget ran out before its first pair of blocks')
+            return False
+        self.used += 2*len(turns.new)*self.per_block
+        prof = turns.pooled('new')
+        mp = _measured(_per_start_batch(prof, self.bs0), trial_block(len(prof.distributions[_KEY]), prof))
+        self.rows.append(_row(len(self.rows), f, mp, p.columns(), ok, note, time.monotonic() - t1, best_mean,
+                              len(turns.new), level, self.ranges))
+        self.say(f"speed_find: {f.name}: {format_duration(mp['Mean'])} a batch on average ({p.change:+.0f}% against "
+                 f"the best so far in {p.pairs} pairs of blocks, p {p.p_faster:.2g} at level {level:.2g}), "
+                 f"{'kept' if ok else 'not kept'}")
+        if ok: self._keep(f, sw, p, prof)
+        else: sw.undo()
+        if not ok or not STRATEGIES[f.kind].again: self.done.add(f.kind)
+        return True
+
+    def _keep(self, f, sw, p, prof):
+        "Fix `f` kept: its undo saved for the end, its trial the best so far, the loader probed again where it changed"
+        # more workers after fewer: the last count is the fix
+        self.undos.append(sw.kept()); self.kept.append(p); self.best = prof
+        self.fixes = [g for g in self.fixes if g.kind != f.kind] + [f]
+        # another loader now: what it computes, its time a batch, what is left to cache
+        if STRATEGIES[f.kind].reprobe and self.ctx0.probed:
+            _probe(self.learn, self.ctx0, self.deadline, items=STRATEGIES[f.kind].reprobe == 'items', allow=())
+
+    def put_back(self):
+        "Every kept fix undone, last first, and the Learner as it was"
+        for undo in reversed(self.undos): undo()
+        self.state.restore()
+
+    def result(self) -> SpeedResult:
+        "The `SpeedResult` of the search"
+        times = steady_times(self.best.results) if self.start is not None else {}
+        out = pd.DataFrame(self.rows).reindex(columns=list(TRIAL_COLS)).astype({'Accepted': bool})
+        verdict = _verdict(self.rows, self.fixes, times, chain(*self.kept) if self.kept else None)
+        return SpeedResult(out, self.fixes, verdict, self.notes, time.monotonic() - self.t0, self.o.max_time, self.ctx0)
+
 @patch
 def speed_find(self:Learner,
     max_time:float=120., # Seconds the whole search may take, putting the Learner back included
-    # Train batches all trials together may run, warmup included (None: only `max_time` bounds it)
-    max_batches:int|None=None,
-    # Steady train batches of the start's trial, and of each side of a fix's first pairs of blocks (its pilot)
-    batches:int=40,
-    # Leading train batches of each loop left out of a trial's statistics (worker start-up, first-batch costs): each
-    # block pays them, so a fix is measured with the warm-up its switch needs
-    warmup:int=3,
-    # Fixes that change the numerics or the training, tried only when named here: 'mixed_precision', 'batch_size',
-    # 'resize_on_batch'
-    allow=(),
+    max_batches:int|None=None, # Train batches all trials may run, warmup included (None: `max_time` alone)
+    batches:int=40, # Steady train batches of the start's trial, and of each side of a fix's pilot
+    warmup:int=3, # Leading train batches of each loop left out of a trial's statistics
+    allow=(), # Fixes that change the numerics or the training, tried only when named (`ASKED`)
     apply:bool=False, # Set the accepted configuration on the Learner afterwards (as `result.apply(learn)`)
     show:bool=True, # Print a line per trial and the result
-    # The search's level: the chance it keeps any fix that changes nothing; the k-th fix tried is judged at `alpha`/2^k
-    # (`spend`)
-    alpha:float=ALPHA,
+    alpha:float=ALPHA, # The search's level: the chance it keeps any fix that changes nothing
     min_change:float=MIN_GAIN, # The least saving (percent of the mean iteration) worth keeping a fix for
     sync:str='auto', # How trials time steps on an accelerator (`learn.profile`'s `sync`)
-    # A path: write the kept configuration there as JSON (`SpeedResult.save`; `load_speed(path).apply(learn)` sets it
-    # again)
-    save=None,
-    # A path: append a line per fix tried (predicted against measured: `append_record`); default
-    # `$FASTXTEND_PROF_SPEED_RECORD`
-    record=None,
+    save=None, # A path: write the kept configuration there as JSON (`SpeedResult.save`)
+    record=None, # A path: append a line per fix tried (`append_record`); default `$FASTXTEND_PROF_SPEED_RECORD`
     block:int=10, # Steady train batches a block: a fix and the best so far run in pairs of blocks, in turns
     power:float=0.8, # Pairs enough to find the fix's predicted saving (half of it, at least `min_change`) this often
-
     keep:callable=keep_faster, # `keep(paired, level, min_change) -> bool`: the rule that keeps a fix
     spend:callable=halving, # `spend(alpha, k) -> level`: the level of the k-th fix tried (the levels sum to `alpha`)
 ) -> SpeedResult:
@@ -1361,93 +1471,16 @@ def speed_find(self:Learner,
      "far, keep what is significantly faster, put everything back")
     allow = _check_find(max_time, max_batches, batches, warmup, allow, sync, alpha, min_change, block, power, keep)
     if not callable(spend): raise TypeError(f'`spend` is a function `spend(alpha, k) -> level`, got {type(spend).__name__}')
-    record = record if record is not None else os.environ.get(RECORD_ENV) or None
-    ranges = record_ranges(record)  # the user's own record's, where there is one
-    for name, path in (('save', save), ('record', record)):
-        if path is not None and not Path(path).parent.is_dir(): raise ValueError(f'`{name}`: the folder of {str(path)!r} does not exist')
-    if events.in_fit(self): raise RuntimeError('`speed_find` was called inside a fit: call it between fits')
-    if data_parallel(): raise RuntimeError('`speed_find` tunes one process: run it before launching the '
-                                           'data-parallel job')
-    n = len(self.dls.train)
-    if n <= warmup: raise ValueError(f'the train loader has {n} batches, not more than `warmup` ({warmup}): lower '
-                                     '`warmup`')
-    say = print if show else (lambda *a, **k: None)
-    t0 = time.monotonic()
-    deadline, state, ctx0 = t0 + max_time, LearnerState(self), tune_context(self)
-    rows, fixes, notes, undos, kept, start = [], [], [], [], [], None
-    rng = pair_order()  # the order inside each pair: its own generator, not the user's
+    record, ranges = _check_run(self, warmup, save, record)
+    o = dict(max_time=max_time, max_batches=max_batches, batches=batches, warmup=warmup, allow=allow, alpha=alpha,
+             min_change=min_change, sync=sync, ranges=ranges, block=block, power=power, keep=keep, spend=spend)
+    s = _Search(self, o, time.monotonic(), print if show else (lambda *a, **k: None))
     try:
         with self.removed_cbs(set_aside(self)):
-            start = run_trial(self, batches, warmup, deadline, sync)
-            m = _measured(start, trial_block(batches, start))
-            rows.append(_row(0, None, m, {}, False, 'the configuration as it was', time.monotonic() - t0))
-            say(f"speed_find: start: {format_duration(m['Mean'])} a batch on average, {m['Samples/s']:,.0f} samples/s "
-                f"({m['Batches']} batches)")
-            overhead = max(0., rows[0]['Seconds'] - (warmup + m['Batches'])*m['Mean']) if m['Batches'] else 0.
-            used, best, bs0, done, tried = warmup + batches + 1, start, ctx0.bs or 1, set(), 0
-            pilot, per_block = max(2, math.ceil(batches/block)), warmup + block + 1
-            if m['Batches'] < 2: notes.append(f'the budget ({max_time:g} s) ran out during the first measurement: '
-                                              'raise `max_time`')
-            if m['Batches'] >= 2 and ctx0.fastai_loader and loader_wait(steady_times(start.results)) >= TARGET_SHARE: _probe(self, ctx0, deadline, allow=allow)
-            while m['Batches'] >= 2:
-                todo, why_not = plan(steady_times(best.results),
-                                     replace(tune_context(self), **{k: getattr(ctx0, k) for k in PROBED},
-                                             core_wait=_core_wait(best)),
-                                     allow, done)
-                if not todo:
-                    notes += why_not
-                    break
-                f, t1 = todo[0], time.monotonic()
-                best_mean = float(np.mean(_per_start_batch(best, bs0).distributions[_KEY]))
-                late = _out_of_budget(f, used, pilot*per_block, max_batches, 2*pilot*overhead, deadline,
-                                      (pilot*per_block, best_mean))
-                if late:
-                    notes.append(late)
-                    break
-                tried += 1
-                level = spend(alpha, tried)
-                lo, hi = prediction_range(f.kind, f.predicted, ranges)
-                span = f', {format_duration(lo)} to {format_duration(hi)}' if lo == lo else ''
-                say(f'speed_find: trying {f.name} ({f.why}; predicted {format_duration(f.predicted)} a batch{span}), '
-                    'in turns with the best so far')
-                out, err = _in_turns(self, f, best_mean, bs0, level, min_change, power, keep, pilot, block, warmup,
-                                     (t1 + (deadline - t1)/2, deadline), sync, rng,
-                                     None if max_batches is None else max_batches - used)
-                if err is not None:
-                    done.add(f.kind)
-                    rows.append(_row(len(rows), f, _measured(), {}, False, f'failed: {_brief(err)}',
-                                     time.monotonic() - t1, best_mean, level=level, ranges=ranges))
-                    say(f'speed_find: {f.name} failed ({_brief(err)}); the Learner will be put back')
-                    del err; gc.collect()  # the last hold on the failed loader and its workers
-                    continue
-                sw, turns, p, ok, note = out
-                if not turns.new:
-                    sw.undo(); notes.append(f'{f.name}: the budget ran out before its first pair of blocks')
-                    break
-                used += 2*len(turns.new)*per_block
-                prof = turns.pooled('new')
-                mp = _measured(_per_start_batch(prof, bs0), trial_block(len(prof.distributions[_KEY]), prof))
-                rows.append(_row(len(rows), f, mp, p.columns(), ok, note, time.monotonic() - t1, best_mean,
-                                 len(turns.new), level, ranges))
-                say(f"speed_find: {f.name}: {format_duration(mp['Mean'])} a batch on average ({p.change:+.0f}% against "
-                    f"the best so far in {p.pairs} pairs of blocks, p {p.p_faster:.2g} at level {level:.2g}), "
-                    f"{'kept' if ok else 'not kept'}")
-                if ok:
-                    # more workers after fewer: the last count is the fix
-                    undos.append(sw.kept()); kept.append(p); best = prof
-                    fixes = [g for g in fixes if g.kind != f.kind] + [f]
-                    # another loader now: what it computes, its time a batch, what is left to cache
-                    if STRATEGIES[f.kind].reprobe and ctx0.probed:
-                        _probe(self, ctx0, deadline, items=STRATEGIES[f.kind].reprobe == 'items', allow=())
-                else: sw.undo()
-                if not ok or not STRATEGIES[f.kind].again: done.add(f.kind)
-    finally:
-        for undo in reversed(undos): undo()
-        state.restore()
-    times = steady_times(best.results) if start is not None else {}
-    out = pd.DataFrame(rows).reindex(columns=list(TRIAL_COLS)).astype({'Accepted': bool})
-    res = SpeedResult(out, fixes, _verdict(rows, fixes, times, chain(*kept) if kept else None), notes,
-                      time.monotonic() - t0, max_time, ctx0)
+            if s.begin():
+                while (step := s.next_fix()) is not None and s.attempt(*step): pass
+    finally: s.put_back()
+    res = s.result()
     if show: res.show()
     if save is not None: res.save(save)
     if record is not None: append_record(res, record)

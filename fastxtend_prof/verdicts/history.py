@@ -397,22 +397,18 @@ def _undecided(ch:dict, alpha:float, pct:float, have:int, noise:bool) -> str:
             f"between runs), the latest run's own error {off(ch['vi'])}: about {min(need)} runs at that level would "
             f"tell a change this size{more}")
 
-def gate(h, pct:float=0., step:str='train/iteration', accepted=(), confidence:float|None=None) -> Verdict:
-    ("The `Verdict` on the latest run of history `h` against its reference level (from the last of the `accepted` "
-     "runs' indices on): a regression where it is significantly slower than it, by more than `pct`%")
+def _step_index(h, step:str) -> int:
+    "The index of `step` ('train/<step>') among the history's steps; ValueError naming them where it is not one"
     phase, _, name = step.partition('/')
     if phase != str(Phase.TRAIN) or name not in h.series.steps:
         raise ValueError(f"`step` {step!r} is not in the history; it has "
                          f"{', '.join(f'train/{s}' for s in h.series.steps)}")
-    # the interval at the test's level (its lower end the one-sided bound at `alpha`): wholly past `pct`, the verdict is
-    # a regression, and a pass never stands beside it
-    s, j, conf = h.series, h.series.steps.index(name), confidence or 1 - 2*h.alpha
-    n, latest = len(s.runs), len(s.runs) - 1
-    acc = sorted(i for i in accepted if 0 <= i <= latest)
-    start = acc[-1] if acc else 0
-    if start == latest and acc:
-        return Verdict('no regression', step, pct, None, {}, acc,
-                       f'the latest run (run {n}) is accepted: it starts the level later runs are judged against')
+    return h.series.steps.index(name)
+
+def _reference(h, j:int, start:int, conf:float, pct:float) -> tuple:
+    ("`(ref, why, slowed)`: the reference runs of step `j` from run `start` on, what chose them, and the earliest "
+     "slowdown since (`(its runs, its change %)`, or None)")
+    s, latest, name = h.series, len(h.series.runs) - 1, h.series.steps[j]
     bounds = [c for c in h.changes if start < c.at < latest]
     ref, why, slowed = list(range(start, bounds[0].at if bounds else latest)), [], None
     # the levels after the reference's, in order: an improvement is the new reference, a slowdown ends the walk
@@ -435,17 +431,37 @@ def gate(h, pct:float=0., step:str='train/iteration', accepted=(), confidence:fl
                 ref = base
                 why.append(f'slower from run {base[-1] + 2} on, each run on its own: judged against the runs before')
                 break
+    return ref, why, slowed
+
+def _still_slowed(h, j:int, slowed:tuple, conf:float, why:list) -> bool:
+    "Whether the latest run is still at the `slowed` level a change point found (not significantly faster than it)"
+    runs, change = slowed
+    back = _latest_vs(h.series, j, runs, len(h.series.runs) - 1, conf, tested=True)
+    slower = not (1 - back['p slower'] < h.alpha)  # significantly faster than the slowed level
+    if slower: why.append(f"the latest run is not significantly faster than runs {runs[0] + 1} to {runs[-1] + 1}, "
+                          f"slowed by {change:+.1f}%")
+    else: why.append(f"the latest run is back: significantly faster than runs {runs[0] + 1} to {runs[-1] + 1}")
+    return slower
+
+def gate(h, pct:float=0., step:str='train/iteration', accepted=(), confidence:float|None=None) -> Verdict:
+    ("The `Verdict` on the latest run of history `h` against its reference level (from the last of the `accepted` "
+     "runs' indices on): a regression where it is significantly slower than it, by more than `pct`%")
+    j = _step_index(h, step)
+    # the interval at the test's level (its lower end the one-sided bound at `alpha`): wholly past `pct`, the verdict is
+    # a regression, and a pass never stands beside it
+    s, conf = h.series, confidence or 1 - 2*h.alpha
+    n, latest = len(s.runs), len(s.runs) - 1
+    acc = sorted(i for i in accepted if 0 <= i <= latest)
+    start = acc[-1] if acc else 0
+    if start == latest and acc:
+        return Verdict('no regression', step, pct, None, {}, acc,
+                       f'the latest run (run {n}) is accepted: it starts the level later runs are judged against')
+    ref, why, slowed = _reference(h, j, start, conf, pct)
     if not ref: return Verdict('not enough runs', step, pct, None, {}, acc,
                                'no run before the latest to judge it against')
     slower, ch = _slower(s, j, ref, latest, conf, h.alpha, pct, h.noise)
     # a slowdown the change points found: it holds until the latest run is back
-    if slowed is not None and slowed[1] > pct and not slower:
-        back = _latest_vs(s, j, slowed[0], latest, conf, tested=True)
-        slower = not (1 - back['p slower'] < h.alpha)  # significantly faster than the slowed level
-        if slower: why.append(f"the latest run is not significantly faster than runs {slowed[0][0] + 1} to "
-                              f"{slowed[0][-1] + 1}, slowed by {slowed[1]:+.1f}%")
-        else: why.append(f"the latest run is back: significantly faster than runs {slowed[0][0] + 1} to "
-                         f"{slowed[0][-1] + 1}")
+    if slowed is not None and slowed[1] > pct and not slower: slower = _still_slowed(h, j, slowed, conf, why)
     kind = 'regression' if slower else 'no regression'
     if not slower and slowed is None and ch[CHANGE] > pct:
         undecided = _undecided(ch, h.alpha, pct, len(ref), h.noise is not None)

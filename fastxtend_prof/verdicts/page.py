@@ -189,6 +189,62 @@ def headline(res:pd.DataFrame) -> list:
     if model == model: out.append((f'{model:,.0f} samples/s', "the model alone: the batch step's rate, data free"))
     return out + [(format_duration(fit) if fit == fit else '—', 'whole fit')]
 
+def _overview_html(prof, res, meta) -> str:
+    "The overview panel's HTML: the headline numbers and the device, the overview chart, the advice"
+    device = ' '.join(dict.fromkeys(str(v) for v in (meta.get(META.device), meta.get(META.device_name)) if v)) or '—'
+    kpis = ''.join(f'<div class="kpi"><b>{esc(v)}</b>{esc(k)}</div>' for v, k in [*headline(res), (device, 'device')])
+    advice = (['This JSON file holds no advice (files of earlier versions did not keep it).'] if prof.advice is None
+              else prof.advice or ['No bottleneck found.'])
+    return (f'<div id="headline">{kpis}</div>' + figure_html(overview_figure(res), 'overview-chart') + '<h3>Advice</h3>'
+            + pre_html(advice))
+
+def _report_html(res) -> str:
+    "The report panel's HTML: the sortable table, the steps inside each batch and draw shown by a checkbox"
+    inside = (((res.Action == str(Step.BATCH)) & (res.Step != str(Step.BATCH)))
+              | res.Step.isin([str(s) for s in DRAW_STEPS]))
+    return ('<label><input type="checkbox" onchange="toggleSub(\'report-table\', this.checked)">'
+            ' show the steps inside each batch and draw</label>'
+            '<p class="note">Click the name of a column to sort by it.</p>'
+            + table_html(res, 'report-table', inside.to_numpy()))
+
+def _timelines_html(prof, max_points) -> str:
+    "The timelines panel's HTML: the train batches' chart with a note of what it draws, or a note that none were kept"
+    series = timeline_series(prof)
+    if not series:
+        return '<p class="note">No per-batch timings: the run was profiled with `keep_raw=False` (summaries only).</p>'
+    fig, cut = timeline_figure(series, max_points)
+    n = max(len(v[0]) for v in series.values())
+    where = ('every batch, epochs and warmup marked' if prof.timeline is not None else
+             'the steady train batches in order (a file written without its timeline, as earlier versions wrote them:'
+             ' no epochs; warmup left out)')
+    return (f'<p class="note">{esc(where)}; {n:,} batches'
+            + (f', drawn as at most {max_points:,} points a step'
+               ' (each stretch\'s shortest and longest batch)' if cut else '')
+            + '. Click a legend entry to show or hide a step; drag to zoom.</p>' + figure_html(fig, 'timeline-chart'))
+
+def _features_html(prof) -> str:
+    "The features panel's HTML: the features' lines, then each of their tables"
+    feats = (pre_html(prof.lines)
+             or '<p class="note">No feature lines (FLOPs, memory, loader stages) in this profile.</p>')
+    return feats + ''.join(f'<h3>{esc(name)}</h3>' + table_html(df, f'table-{esc(name)}')
+                           for name, df in prof.tables.items())
+
+def _ranks_html(prof) -> str:
+    "The ranks panel's HTML: each train step's median rank by rank, the lines of ranks, every rank's report; or a note"
+    if prof.ranks is None: return '<p class="note">A single process: no ranks.</p>'
+    return ('<p class="note">The median of each train step, rank by rank:</p>'
+            + table_html(rank_summary(prof.ranks), 'rank-summary')
+            + pre_html([l for l in prof.lines if 'rank' in l.lower()])
+            + '<details><summary>every rank\'s report</summary>' + table_html(prof.ranks, 'ranks-table') + '</details>')
+
+def _comparison_html(prof, base, noise, within_run) -> str:
+    "The comparison panel's HTML: the verdict and the table of `prof` against `base`; or a note of how to give one"
+    if base is None:
+        return ('<p class="note">No baseline given (`fastxtend-prof report RUN.json --baseline BASE.json`,'
+                ' or `baseline=`).</p>')
+    cmp = compare_profiles(base, prof, noise=noise, within_run=within_run)
+    return pre_html([comparison_verdict(cmp)]) + table_html(format_comparison(cmp), 'comparison-table')
+
 def profile_page(source, # A profiled Learner, its JSON file or a `SavedProfile`
                  baseline=None, # A run to compare with (the same kinds)
                  title:str|None=None, # The page's title (default: the report's)
@@ -202,38 +258,21 @@ def profile_page(source, # A profiled Learner, its JSON file or a `SavedProfile`
     base = None if baseline is None else as_profile(baseline, 'baseline')
     res, meta = prof.results, prof.metadata
     title = title or prof.title or 'fastxtend_prof report'
-    device = ' '.join(dict.fromkeys(str(v) for v in (meta.get(META.device), meta.get(META.device_name)) if v)) or '—'
-    kpis = ''.join(f'<div class="kpi"><b>{esc(v)}</b>{esc(k)}</div>' for v, k in [*headline(res), (device, 'device')])
-    advice = (['This JSON file holds no advice (files of earlier versions did not keep it).'] if prof.advice is None
-              else prof.advice or ['No bottleneck found.'])
-    overview = f'<div id="headline">{kpis}</div>' + figure_html(overview_figure(res), 'overview-chart') + '<h3>Advice</h3>' + pre_html(advice)
-    inside = ((res.Action == str(Step.BATCH)) & (res.Step != str(Step.BATCH))) | res.Step.isin([str(s) for s in DRAW_STEPS])
-    table = ('<label><input type="checkbox" onchange="toggleSub(\'report-table\', this.checked)"> show the steps inside each batch and draw</label>'
-             '<p class="note">Click the name of a column to sort by it.</p>' + table_html(res, 'report-table', inside.to_numpy()))
-    series = timeline_series(prof)
-    if series:
-        fig, cut = timeline_figure(series, max_points)
-        n = max(len(v[0]) for v in series.values())
-        where = 'every batch, epochs and warmup marked' if prof.timeline is not None else 'the steady train batches in order (a file written without its timeline, as earlier versions wrote them: no epochs; warmup left out)'
-        timelines = (f'<p class="note">{esc(where)}; {n:,} batches' + (f', drawn as at most {max_points:,} points a step (each stretch\'s shortest and longest batch)' if cut else '')
-                     + '. Click a legend entry to show or hide a step; drag to zoom.</p>' + figure_html(fig, 'timeline-chart'))
-    else: timelines = '<p class="note">No per-batch timings: the run was profiled with `keep_raw=False` (summaries only).</p>'
-    dists = figure_html(distribution_figure(prof), 'distribution-chart') + '<p class="note">Box: 25th to 75th percentile with the median; whiskers: 1st and 99th percentiles.</p>'
-    feats = pre_html(prof.lines) or '<p class="note">No feature lines (FLOPs, memory, loader stages) in this profile.</p>'
-    feats += ''.join(f'<h3>{esc(name)}</h3>' + table_html(df, f'table-{esc(name)}') for name, df in prof.tables.items())
-    if prof.ranks is not None:
-        ranks = ('<p class="note">The median of each train step, rank by rank:</p>' + table_html(rank_summary(prof.ranks), 'rank-summary')
-                 + pre_html([l for l in prof.lines if 'rank' in l.lower()])
-                 + '<details><summary>every rank\'s report</summary>' + table_html(prof.ranks, 'ranks-table') + '</details>')
-    else: ranks = '<p class="note">A single process: no ranks.</p>'
-    if base is not None:
-        cmp = compare_profiles(base, prof, noise=noise, within_run=within_run)
-        comparison = pre_html([comparison_verdict(cmp)]) + table_html(format_comparison(cmp), 'comparison-table')
-    else: comparison = '<p class="note">No baseline given (`fastxtend-prof report RUN.json --baseline BASE.json`, or `baseline=`).</p>'
+    overview = _overview_html(prof, res, meta)
+    table = _report_html(res)
+    timelines = _timelines_html(prof, max_points)
+    dists = (figure_html(distribution_figure(prof), 'distribution-chart')
+             + '<p class="note">Box: 25th to 75th percentile with the median; whiskers: 1st and 99th percentiles.</p>')
+    feats = _features_html(prof)
+    ranks = _ranks_html(prof)
+    comparison = _comparison_html(prof, base, noise, within_run)
     rows = pd.DataFrame(_metadata_rows(meta), columns=['key', 'value'])
-    body = '\n'.join([section_html('overview', 'Overview', overview), section_html('table', 'Report', table), section_html('timelines', 'Timelines (train)', timelines),
-                      section_html('distributions', 'Distributions (train)', dists), section_html('features', 'Features', feats),
-                      section_html('ranks', 'Ranks', ranks), section_html('comparison', 'Comparison', comparison), section_html('metadata', 'Run', table_html(rows, 'metadata-table'))])
+    body = '\n'.join([section_html('overview', 'Overview', overview), section_html('table', 'Report', table),
+                      section_html('timelines', 'Timelines (train)', timelines),
+                      section_html('distributions', 'Distributions (train)', dists),
+                      section_html('features', 'Features', feats), section_html('ranks', 'Ranks', ranks),
+                      section_html('comparison', 'Comparison', comparison),
+                      section_html('metadata', 'Run', table_html(rows, 'metadata-table'))])
     return html_page(title, body)
 
 def save_html(source, path, baseline=None, **kwargs) -> Path:
