@@ -495,7 +495,7 @@ def history_command(a) -> int:
         text = _history_text(h, a.format, verdict, line)
         if page:
             from fastxtend_prof.core.saved import atomic_write_text
-            atomic_write_text(page, history_page(h))
+            atomic_write_text(page, text if as_page else history_page(h))  # the page once, where it is the output too
     except (ValueError, ImportError) as e: return _error('history', e)
     except Exception as e: return _error('history', _unexpected(e, *a.runs))
     _emit(text, out, 'page' if as_page else f'{a.format} history')

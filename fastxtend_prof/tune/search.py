@@ -1352,7 +1352,6 @@ class _Search:
         self.learn, self.o, self.t0, self.say = learn, SimpleNamespace(**o), t0, say
         self.deadline, self.state, self.ctx0 = t0 + self.o.max_time, LearnerState(learn), tune_context(learn)
         self.rows, self.fixes, self.notes, self.undos, self.kept, self.start = [], [], [], [], [], None
-        self.ranges = self.o.ranges
         self.rng = pair_order()  # the order inside each pair: its own generator, not the user's
 
     def begin(self) -> bool:
@@ -1396,7 +1395,7 @@ class _Search:
         o = self.o
         self.tried += 1
         level = o.spend(o.alpha, self.tried)
-        lo, hi = prediction_range(f.kind, f.predicted, self.ranges)
+        lo, hi = prediction_range(f.kind, f.predicted, self.o.ranges)
         span = f', {format_duration(lo)} to {format_duration(hi)}' if lo == lo else ''
         self.say(f'speed_find: trying {f.name} ({f.why}; predicted {format_duration(f.predicted)} a batch{span}), '
                  'in turns with the best so far')
@@ -1406,7 +1405,7 @@ class _Search:
         if err is not None:
             self.done.add(f.kind)
             self.rows.append(_row(len(self.rows), f, _measured(), {}, False, f'failed: {_brief(err)}',
-                                  time.monotonic() - t1, best_mean, level=level, ranges=self.ranges))
+                                  time.monotonic() - t1, best_mean, level=level, ranges=self.o.ranges))
             self.say(f'speed_find: {f.name} failed ({_brief(err)}); the Learner will be put back')
             del err; gc.collect()  # the last hold on the failed loader and its workers
             return True
@@ -1418,7 +1417,7 @@ class _Search:
         prof = turns.pooled('new')
         mp = _measured(_per_start_batch(prof, self.bs0), trial_block(len(prof.distributions[_KEY]), prof))
         self.rows.append(_row(len(self.rows), f, mp, p.columns(), ok, note, time.monotonic() - t1, best_mean,
-                              len(turns.new), level, self.ranges))
+                              len(turns.new), level, self.o.ranges))
         self.say(f"speed_find: {f.name}: {format_duration(mp['Mean'])} a batch on average ({p.change:+.0f}% against "
                  f"the best so far in {p.pairs} pairs of blocks, p {p.p_faster:.2g} at level {level:.2g}), "
                  f"{'kept' if ok else 'not kept'}")
